@@ -1,0 +1,31 @@
+# The README's first two commands: `make run` and `make test`. Both create the virtual
+# environment on first use, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench validate clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/comet search search_spaces/gpt3_1t.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest -m bench -s -p no:cacheprovider benchmarks
+
+validate: $(STAMP)
+	$(BIN)/comet validate
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

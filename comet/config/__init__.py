@@ -1,0 +1,1 @@
+"""Frozen, validated inputs: model, cluster, parallel configuration and training job."""

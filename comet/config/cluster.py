@@ -1,0 +1,165 @@
+"""Cluster specs as data (cluster_specs/*.yaml): GPU, memory tiers, network dimensions, efficiencies,
+cost and power. Units are in the field names and converted to SI by the properties below."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from comet.config.loader import at_least, fraction, load, non_negative, positive
+from comet.errors import ConfigError
+
+
+class Topology(str, enum.Enum):
+    SWITCH = "switch"                  # non-blocking crossbar / fat tree
+    RING = "ring"
+    FULLY_CONNECTED = "fully_connected"
+
+
+class CollectiveAlgorithm(str, enum.Enum):
+    RING = "ring"      # bandwidth-optimal ring (NCCL default for large messages)
+    TREE = "tree"      # double binary tree: log2(n) latency, ring-like bandwidth
+    NVLS = "nvls"      # NVLink SHARP in-switch reduction (all-reduce moves each byte once per direction)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_tflops: dict[str, float]      # dense tensor-core peak per precision (bf16, fp16, fp8, tf32)
+    hbm_GB: float = field(metadata=positive())
+    hbm_bandwidth_GBps: float = field(metadata=positive())
+    sms: int = field(metadata=positive())
+    power_W: float = field(metadata=positive())
+
+    def __post_init__(self):
+        for prec, value in self.peak_tflops.items():
+            if value <= 0:
+                raise ConfigError(f"must be > 0, got {value}", field=f"peak_tflops.{prec}")
+
+    def peak_flops(self, precision: str) -> float:
+        try:
+            return self.peak_tflops[precision] * 1e12
+        except KeyError:
+            raise ConfigError(f"GPU {self.name} has no {precision} peak (has: {', '.join(self.peak_tflops)})",
+                              field="precision") from None
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_GB * 1e9
+
+    @property
+    def hbm_bandwidth(self) -> float:
+        return self.hbm_bandwidth_GBps * 1e9
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """Memory expansion (host DDR, CXL pool) used for offload; traffic crosses `bandwidth_GBps`."""
+    name: str
+    capacity_GB: float = field(metadata=non_negative())
+    bandwidth_GBps: float = field(metadata=positive())
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_GB * 1e9
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bandwidth_GBps * 1e9
+
+
+@dataclass(frozen=True)
+class NetworkDim:
+    """One level of the network, innermost first. `size` GPUs share this level's domain (0 = the
+    whole cluster); bandwidth is per GPU per direction."""
+    name: str
+    size: int = field(metadata=non_negative())
+    bandwidth_GBps: float = field(metadata=positive())
+    latency_us: float = field(metadata=non_negative())
+    topology: Topology = Topology.SWITCH
+    algorithm: CollectiveAlgorithm = CollectiveAlgorithm.RING
+    oversubscription: float = field(default=1.0, metadata=at_least(1.0))
+    # Bus-bandwidth efficiency eff(m) = bus_efficiency * m / (m + half_efficiency_bytes): large
+    # messages reach bus_efficiency of the link rate, a message of half_efficiency_bytes half of that.
+    bus_efficiency: float = field(default=0.8, metadata=fraction())
+    half_efficiency_bytes: float = field(default=4e6, metadata=non_negative())
+    nvls_bus_GBps: float | None = None   # measured all-reduce bus bandwidth with NVLS, if the domain has it
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bandwidth_GBps * 1e9
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The few physical efficiency parameters of the compute model (see comet/hardware/compute.py)."""
+    gemm: float = field(default=0.8, metadata=fraction())           # large-GEMM fraction of dense peak
+    gemm_fp8: float = field(default=0.72, metadata=fraction())      # same for FP8 (vs FP8 peak)
+    gemm_k_half: float = field(default=128.0, metadata=non_negative())  # reduction dim at which a GEMM reaches half of `gemm`
+    gemm_tile_m: int = field(default=128, metadata=positive())      # output tile of the GEMM library (wave quantization)
+    gemm_tile_n: int = field(default=256, metadata=positive())
+    attention_fwd: float = field(default=0.6, metadata=fraction())  # flash attention forward, fraction of peak
+    attention_bwd: float = field(default=0.45, metadata=fraction())
+    memory_bound: float = field(default=0.85, metadata=fraction())  # fraction of HBM bandwidth for elementwise kernels
+    kernel_overhead_us: float = field(default=4.0, metadata=non_negative())  # launch + tail per kernel
+    overlap_slowdown: float = field(default=0.1, metadata=non_negative())    # compute slows by this while comm is in flight
+    offload: float = field(default=0.8, metadata=fraction())        # fraction of expansion-tier bandwidth reached
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    """Unit prices in USD, with sources in the YAML comments."""
+    gpu_usd: float = field(default=0.0, metadata=non_negative())
+    node_usd: float = field(default=0.0, metadata=non_negative())           # chassis, CPUs, DRAM, excluding GPUs
+    network_usd_per_GBps: tuple[float, ...] = ()                          # per GPU, per network dimension
+    hbm_usd_per_GB: float = field(default=0.0, metadata=non_negative())
+    expansion_usd_per_GB: float = field(default=0.0, metadata=non_negative())
+    electricity_usd_per_kWh: float = field(default=0.0, metadata=non_negative())
+    amortization_years: float = field(default=4.0, metadata=positive())
+    pue: float = field(default=1.0, metadata=at_least(1.0))
+
+
+@dataclass(frozen=True)
+class PowerSpec:
+    """Average power draw per component in W (sources in the YAML)."""
+    gpu_W: float | None = None         # None: the GPU's TDP
+    node_overhead_W: float = field(default=0.0, metadata=non_negative())  # per node: CPUs, fans, DRAM, NICs
+    network_W_per_gpu: float = field(default=0.0, metadata=non_negative())  # switches and optics, per GPU
+    expansion_W_per_GB: float = field(default=0.0, metadata=non_negative())
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    gpu: GpuSpec
+    network: tuple[NetworkDim, ...]
+    efficiency: Efficiency = Efficiency()
+    memory_expansion: MemoryTier | None = None
+    cost: CostSpec = CostSpec()
+    power: PowerSpec = PowerSpec()
+    workspace_GB: float = field(default=2.0, metadata=non_negative())  # CUDA context, NCCL buffers, allocator slack
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.network:
+            raise ConfigError("must list at least one network dimension", field="network")
+        for i, dim in enumerate(self.network[:-1]):
+            if dim.size < 1:
+                raise ConfigError(f"size must be >= 1 for all but the outermost dimension, got {dim.size}",
+                                  field=f"network[{i}].size")
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.network[0].size or 1
+
+    def with_changes(self, **changes) -> "ClusterSpec":
+        return replace(self, **changes)
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    return load(ClusterSpec, path)

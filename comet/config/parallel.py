@@ -1,0 +1,132 @@
+"""Parallel configuration (how the model is run) and the rules that make one valid."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from comet.config.loader import positive
+from comet.config.model import ModelSpec
+from comet.errors import ConfigError
+
+
+class Schedule(str, enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved_1f1b"
+
+
+class Recompute(str, enum.Enum):
+    NONE = "none"
+    SELECTIVE = "selective"   # Korthikanti et al. 2022: recompute the attention core only
+    FULL = "full"             # recompute each layer's forward before its backward
+
+
+class Precision(str, enum.Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"               # FP8 GEMMs (Transformer Engine), BF16 elsewhere
+
+
+class OffloadTarget(str, enum.Enum):
+    OPTIMIZER = "optimizer"       # FP32 master weights + Adam moments live in the expansion tier
+    WEIGHTS = "weights"           # parameters streamed in per layer
+    ACTIVATIONS = "activations"   # saved activations offloaded between forward and backward
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    global_batch: int = field(metadata=positive())
+    tp: int = field(default=1, metadata=positive())
+    pp: int = field(default=1, metadata=positive())
+    dp: int | None = None                      # derived from gpus when omitted
+    cp: int = field(default=1, metadata=positive())
+    gpus: int | None = None
+    sequence_parallel: bool | None = None      # None: on whenever tp > 1 (Megatron-Core default)
+    vpp: int = field(default=1, metadata=positive())
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    micro_batch: int = field(default=1, metadata=positive())
+    recompute: Recompute = Recompute.NONE
+    zero: int = 1                              # 0..3; Megatron's distributed optimizer is stage 1
+    precision: Precision = Precision.BF16
+    overlap_grad_reduce: bool = True           # DP reduce-scatter/all-reduce overlaps backward
+    overlap_param_gather: bool = True          # ZeRO param all-gather overlaps the next forward
+    overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
+    flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
+    offload: tuple[OffloadTarget, ...] = ()
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def sp(self) -> bool:
+        return bool(self.sequence_parallel) and self.tp > 1
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step (gradient-accumulation steps)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def resolve(self, model: ModelSpec) -> "ParallelConfig":
+        """Derive dp / sequence parallelism and check every rule. Raises ConfigError naming the rule."""
+        cfg = self
+        if cfg.sequence_parallel is None:
+            cfg = replace(cfg, sequence_parallel=cfg.tp > 1)
+        if cfg.dp is None:
+            if cfg.gpus is None:
+                raise ConfigError("give either dp or gpus", field="dp")
+            denom = cfg.tp * cfg.pp * cfg.cp
+            if cfg.gpus % denom:
+                raise ConfigError(f"gpus ({cfg.gpus}) must be divisible by tp*pp*cp = {cfg.tp}*{cfg.pp}*{cfg.cp} = {denom}",
+                                  field="gpus")
+            cfg = replace(cfg, dp=cfg.gpus // denom)
+        if cfg.dp < 1:
+            raise ConfigError(f"must be >= 1, got {cfg.dp}", field="dp")
+        if cfg.gpus is None:
+            cfg = replace(cfg, gpus=cfg.world)
+        cfg.check(model)
+        return cfg
+
+    def check(self, model: ModelSpec) -> None:
+        def rule(ok: bool, fld: str, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg, field=fld)
+
+        rule(self.world == self.gpus, "gpus",
+             f"tp*pp*dp*cp must equal gpus: {self.tp}*{self.pp}*{self.dp}*{self.cp} = {self.world} != {self.gpus}")
+        rule(model.heads % self.tp == 0, "tp", f"heads ({model.heads}) must be divisible by tp ({self.tp})")
+        rule(model.kv_heads % self.tp == 0, "tp", f"kv_heads ({model.kv_heads}) must be divisible by tp ({self.tp})")
+        rule(model.ffn_hidden % self.tp == 0, "tp", f"ffn_hidden ({model.ffn_hidden}) must be divisible by tp ({self.tp})")
+        rule(model.layers % (self.pp * self.vpp) == 0, "pp",
+             f"layers ({model.layers}) must be divisible by pp*vpp = {self.pp}*{self.vpp} = {self.pp * self.vpp}")
+        per = self.dp * self.micro_batch
+        rule(self.global_batch % per == 0, "global_batch",
+             f"global_batch ({self.global_batch}) must be divisible by dp*micro_batch = {self.dp}*{self.micro_batch} = {per}")
+        rule(model.seq_len % (2 * self.cp) == 0 or self.cp == 1, "cp",
+             f"seq_len ({model.seq_len}) must be divisible by 2*cp = {2 * self.cp} (load-balanced causal context parallelism)")
+        tokens_per_rank = model.seq_len // self.cp
+        rule(not self.sp or tokens_per_rank % self.tp == 0, "sequence_parallel",
+             f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
+        rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
+        rule(not (self.zero >= 2 and self.pp > 1), "zero",
+             f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
+             "accumulate across micro-batches; use zero <= 1 with pp > 1")
+        if self.vpp > 1:
+            rule(self.schedule is Schedule.INTERLEAVED, "vpp",
+                 f"vpp={self.vpp} needs schedule interleaved_1f1b, got {self.schedule.value}")
+            rule(self.pp > 1, "vpp", f"vpp={self.vpp} needs pp > 1, got pp={self.pp}")
+        if self.schedule is Schedule.INTERLEAVED:
+            rule(self.num_microbatches % self.pp == 0, "global_batch",
+                 f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
+        rule(len(set(self.offload)) == len(self.offload), "offload", "lists a target twice")
+
+    def label(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
+        return "-".join(parts)

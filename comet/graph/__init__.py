@@ -1,0 +1,1 @@
+"""The execution-graph IR shared by built and imported traces (see ir.py)."""
