@@ -1,0 +1,5 @@
+import sys
+
+from comet.cli import main
+
+sys.exit(main())

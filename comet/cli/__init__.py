@@ -1,0 +1,52 @@
+"""`comet` command line. Each subcommand lives in its own module with `register(subparsers)`.
+
+Every CometError (bad input, corrupt trace, broken rule) becomes one line on stderr and exit code 2;
+no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from comet.errors import CometError
+
+SUBCOMMANDS = ("estimate", "search", "validate", "trace")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors also exit 2 with one line
+        self.exit(2, f"comet: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="comet", description="Plan large LLM training runs on a replayed cluster model.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"comet.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"comet.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except CometError as exc:
+        print(f"comet: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("comet: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

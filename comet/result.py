@@ -1,0 +1,47 @@
+"""What an evaluation returns: metrics, breakdown, memory and status. Plain data, picklable."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+
+class CandidateStatus(str, enum.Enum):
+    OK = "ok"
+    INFEASIBLE = "infeasible"   # breaks a rule or does not fit memory: a result with a reason
+    ERROR = "error"             # the evaluation itself failed (recorded, the study goes on)
+
+
+# Breakdown keys; the values of one result add up to step_time_s.
+BREAKDOWN_KEYS = ("compute", "exposed_tp", "exposed_cp", "exposed_dp", "exposed_pp",
+                  "pipeline_bubble", "optimizer", "offload")
+
+
+@dataclass
+class Result:
+    status: CandidateStatus
+    reason: str = ""
+    label: str = ""
+    step_time_s: float = float("nan")
+    tokens_per_s: float = float("nan")
+    tflops_per_gpu: float = float("nan")      # model FLOPs (Megatron accounting, no recompute term)
+    mfu: float = float("nan")
+    hw_tflops_per_gpu: float = float("nan")   # FLOPs executed, recompute included
+    memory_gb_per_gpu: float = float("nan")
+    memory: dict[str, float] = field(default_factory=dict)      # GB per component
+    breakdown: dict[str, float] = field(default_factory=dict)   # seconds per BREAKDOWN_KEYS
+    gpus: int = 0
+    extra: dict = field(default_factory=dict)                   # cost, energy, time-to-train (search)
+    timeline: list | None = None                                # Chrome-trace events when asked for
+
+    @property
+    def feasible(self) -> bool:
+        return self.status is CandidateStatus.OK
+
+    def to_dict(self, timeline: bool = False) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["feasible"] = self.feasible
+        if not timeline:
+            d.pop("timeline")
+        return d
