@@ -119,6 +119,11 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
             raise ConfigError(f"must be an integer, got {value!r}", source=source, field=path)
         return int(value)
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 8.0e6 (no sign in the exponent) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"must be a number, got {value!r}", source=source, field=path)
         return float(value)
