@@ -1,0 +1,1 @@
+"""Workload: what a training step computes and stores (memory model, step graph builder)."""

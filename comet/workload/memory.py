@@ -1,0 +1,239 @@
+"""Per-GPU memory footprint of one training configuration: weights, gradients, optimizer state, saved
+activations and workspace in HBM, plus what offload places in the expansion tier.
+
+Sources:
+  [K] Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023:
+      Sec 4.1 (per-layer activations, term by term), Sec 4.2 (tensor and sequence parallelism),
+      Sec 4.2.3 / 4.3 (pipeline in-flight micro-batches, embedding and output layer), Table 2.
+  [Z] Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC20,
+      Sec 3.1 (mixed-precision Adam: 16 bytes per parameter) and Sec 5 (stages 1-3).
+
+Every size is in bytes internally and in GB (1e9 bytes, like ClusterSpec.hbm_GB) in the result.
+A configuration that does not fit is a result (fits=False, reason), never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from comet.config.cluster import ClusterSpec
+from comet.config.model import ModelSpec
+from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
+
+GB = 1e9
+ACT_BYTES = 2          # bf16/fp16 activations [K] Sec 4.1
+MASK_BYTES = 1         # dropout masks, one byte per element [K] Sec 4.1
+LOGIT_BYTES = 4        # fp32 logits for the cross-entropy [K] Sec 4.3
+WEIGHT_BYTES = 2       # bf16/fp16 weights; FP8 adds a 1-byte copy (Transformer Engine)
+FP8_COPY_BYTES = 1
+GRAD_BYTES = 4         # fp32 main gradients (Megatron accumulates in fp32)
+ADAM_BYTES = 12        # fp32 master weights + Adam m + v [Z] Sec 3.1
+PREFETCH_LAYERS = 2    # full layers of weights resident for ZeRO-3 gathers / weight offload streaming
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_GB: float
+    gradients_GB: float
+    optimizer_GB: float
+    activations_GB: float
+    workspace_GB: float
+    expansion_GB: float      # GB per GPU placed in the expansion tier (offload; largest over stages)
+    total_GB: float          # HBM footprint per GPU (worst pipeline stage): the five HBM parts above
+    capacity_GB: float       # HBM capacity
+    fits: bool
+    reason: str              # "" when it fits
+
+    def as_dict(self) -> dict[str, float]:
+        """Component -> GB. The HBM components add up to total_GB; `expansion` is outside HBM."""
+        return {"weights": self.weights_GB, "gradients": self.gradients_GB, "optimizer": self.optimizer_GB,
+                "activations": self.activations_GB, "workspace": self.workspace_GB,
+                "expansion": self.expansion_GB}
+
+
+# ---------------------------------------------------------------------------------------- activations
+def _layer_activation_terms(model: ModelSpec, par: ParallelConfig) -> tuple[float, float, float]:
+    """Bytes saved by one layer for one micro-batch on one rank, before tensor parallelism, split as
+    (outside the TP regions, inside them, attention-score terms), term by term as in [K] Sec 4.1.
+
+    GPT (ffn = 4h, MHA) gives outside 10sbh, inside 24sbh, scores 5as^2b: sbh(34 + 5as/h) in total.
+    """
+    s, b, h = model.seq_len // par.cp, par.micro_batch, model.hidden
+    kv, f, a = model.kv_hidden, model.ffn_hidden, model.heads
+    sb = s * b
+    outside = (2 * 2 * sb * h               # two layernorm inputs
+               + ACT_BYTES * sb * h         # QKV projection input
+               + ACT_BYTES * sb * h         # MLP fc1 input
+               + 2 * MASK_BYTES * sb * h)   # dropout masks after attention projection and after fc2
+    act_in = (2 if model.gated else 1) * ACT_BYTES * sb * f   # GeLU input, or SwiGLU gate and up
+    inside = (ACT_BYTES * sb * (h + kv)     # Q and K (K is kv_heads * head_dim wide under GQA)
+              + ACT_BYTES * sb * kv         # V
+              + ACT_BYTES * sb * h          # attention output projection input
+              + act_in
+              + ACT_BYTES * sb * f)         # activation output = fc2 input
+    # softmax output 2as^2b + its dropout mask as^2b + dropout output 2as^2b. Under context parallelism
+    # each rank's s/cp queries attend to all seq_len keys.
+    scores = (2 * ACT_BYTES + MASK_BYTES) * a * s * model.seq_len * b
+    return outside, inside, scores
+
+
+def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig) -> float:
+    """Saved activations of one transformer layer for one micro-batch on one GPU, [K] Table 2:
+    none sbh(10 + 24/t + 5as/(ht)); selective sbh(10 + 24/t); with SP sbh(34/t + 5as/(ht)) and
+    sbh*34/t; full recompute 2sbh (2sbh/t with SP). Flash attention does not store the s^2 terms."""
+    t = par.tp
+    split_outside = t if par.sp else 1
+    if par.recompute is Recompute.FULL:   # only the layer input is checkpointed [K] Sec 4.1
+        return ACT_BYTES * (model.seq_len // par.cp) * par.micro_batch * model.hidden / split_outside
+    outside, inside, scores = _layer_activation_terms(model, par)
+    keep_scores = par.recompute is Recompute.NONE and not par.flash_attention
+    return outside / split_outside + inside / t + (scores / t if keep_scores else 0.0)
+
+
+def _recompute_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """Full recompute re-runs a layer's forward before its backward, so one layer's complete
+    activations (one micro-batch) are live on top of the checkpoints."""
+    if par.recompute is not Recompute.FULL:
+        return 0.0
+    return activation_bytes_per_layer(model, replace(par, recompute=Recompute.NONE))
+
+
+def in_flight_microbatches(par: ParallelConfig, stage: int) -> float:
+    """Micro-batches whose activations pipeline stage `stage` holds at its peak, in units of one
+    micro-batch through all of the stage's layers. 1F1B: min(pp - stage, m) ([K] Sec 4.2.3); GPipe: m.
+    Interleaved: Megatron's warm-up of 2(pp - stage - 1) + (vpp - 1)pp + 1 model chunks of 1/vpp of the
+    layers each, which for stage 0 is pp(1 + (pp - 1)/(pp*vpp)) ([K] Sec 4.2.3)."""
+    m = par.num_microbatches
+    if par.schedule is Schedule.GPIPE:
+        return float(m)
+    if par.schedule is Schedule.INTERLEAVED and par.vpp > 1:
+        chunks = 2 * (par.pp - stage - 1) + (par.vpp - 1) * par.pp + 1
+        return min(chunks, m * par.vpp) / par.vpp
+    return float(min(par.pp - stage, m))
+
+
+def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+    """Embedding and output-layer activations per micro-batch ([K] Sec 4.3): the first stage keeps the
+    input dropout mask (sbh, /t with SP); the last keeps the final layernorm and output projection inputs
+    (4sbh, /t with SP) and fp32 logits 4sbV/t."""
+    s, b, h, t = model.seq_len // par.cp, par.micro_batch, model.hidden, par.tp
+    split = t if par.sp else 1
+    total = 0.0
+    if stage == 0:
+        total += MASK_BYTES * s * b * h / split
+    if stage == par.pp - 1:
+        total += 2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.vocab / t
+    return total
+
+
+# ---------------------------------------------------------------------------------------- model state
+def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+    """Parameters held by one GPU of pipeline stage `stage`: layers/pp layers split by tp; the first
+    stage adds the embedding (V*h/t), the last the final norm and the output layer (its own matrix
+    when untied; a copy of the embedding when tied and pp > 1)."""
+    n = model.layers // par.pp * model.layer_params / par.tp
+    if stage == 0:
+        n += model.embedding_params / par.tp
+    if stage == par.pp - 1:
+        n += 2 * model.hidden
+        if not model.tied_embeddings or par.pp > 1:
+            n += model.vocab * model.hidden / par.tp
+    return n
+
+
+def _weight_bytes_per_param(par: ParallelConfig) -> float:
+    return WEIGHT_BYTES + (FP8_COPY_BYTES if par.precision is Precision.FP8 else 0)
+
+
+def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, prefetch buffer) bytes per GPU. ZeRO shards over the data-
+    parallel group dp*cp (Megatron's distributed optimizer): stage 1 the optimizer state, stage 2 also
+    the gradients, stage 3 also the weights, which then need ~2 gathered layers resident [Z] Sec 5."""
+    params = stage_params(model, par, stage)
+    shard = par.dp * par.cp
+    wb = _weight_bytes_per_param(par)
+    weights = params * wb / (shard if par.zero >= 3 else 1)
+    grads = params * GRAD_BYTES / (shard if par.zero >= 2 else 1)
+    optimizer = params * ADAM_BYTES / (shard if par.zero >= 1 else 1)
+    layers_here = model.layers // par.pp
+    buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * wb
+    return weights, grads, optimizer, buffer
+
+
+# ---------------------------------------------------------------------------------------- per stage
+@dataclass(frozen=True)
+class _Stage:
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    expansion: float
+
+    def hbm(self, workspace: float) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + workspace
+
+
+def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
+    """Bytes per GPU of one pipeline stage, with offload moving parts to the expansion tier."""
+    weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
+    in_flight = in_flight_microbatches(par, stage)
+    per_layer = activation_bytes_per_layer(model, par)
+    layer_acts = in_flight * (model.layers // par.pp) * per_layer
+    fixed_acts = in_flight * _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
+    expansion = 0.0
+    if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
+        expansion += optimizer
+        optimizer = 0.0
+    if OffloadTarget.WEIGHTS in par.offload:         # all but ~2 layers streamed in from the tier
+        expansion += weights
+        weights = min(buffer, weights) if par.zero < 3 else buffer
+    elif par.zero >= 3:
+        weights += buffer
+    if OffloadTarget.ACTIVATIONS in par.offload:     # all but the in-flight layer's saved activations
+        resident = min(per_layer, layer_acts)
+        expansion += layer_acts - resident
+        layer_acts = resident
+    return _Stage(weights, grads, optimizer, layer_acts + fixed_acts, expansion)
+
+
+def _hbm_reason(stage: _Stage, workspace: float, capacity_GB: float, where: str) -> str:
+    parts = (("weights", stage.weights), ("gradients", stage.gradients), ("optimizer", stage.optimizer),
+             ("activations", stage.activations), ("workspace", workspace))
+    listed = ", ".join(f"{name} {value / GB:.1f}" for name, value in parts)
+    return (f"needs {stage.hbm(workspace) / GB:.1f} GB per GPU{where} ({listed}) "
+            f"but HBM holds {capacity_GB:g} GB")
+
+
+def _expansion_reason(par: ParallelConfig, cluster: ClusterSpec, expansion: float) -> str:
+    targets = ", ".join(t.value for t in par.offload)
+    tier = cluster.memory_expansion
+    if tier is None:
+        return f"offload of {targets} needs a memory expansion tier, but cluster '{cluster.name}' has none"
+    if expansion > tier.capacity_bytes:
+        return (f"offload of {targets} puts {expansion / GB:.1f} GB per GPU in {tier.name} "
+                f"but it holds {tier.capacity_GB:g} GB per GPU")
+    return ""
+
+
+def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
+    """HBM footprint per GPU of the worst pipeline stage, and whether it fits. `par` is resolved.
+    Only the first and last stages can be the worst: middle stages hold fewer in-flight micro-batches
+    than the first and neither the embedding nor the output layer."""
+    stages = sorted({0, par.pp - 1})
+    workspace = cluster.workspace_GB * GB
+    per_stage = [_stage_memory(model, par, s) for s in stages]
+    worst_index = max(range(len(stages)), key=lambda i: per_stage[i].hbm(workspace))
+    worst = per_stage[worst_index]
+    expansion = max(st.expansion for st in per_stage)
+    capacity = cluster.gpu.hbm_GB
+    reasons = []
+    if worst.hbm(workspace) > cluster.gpu.hbm_bytes:
+        where = f" on pipeline stage {stages[worst_index]} of {par.pp}" if par.pp > 1 else ""
+        reasons.append(_hbm_reason(worst, workspace, capacity, where))
+    if par.offload:
+        reasons.append(_expansion_reason(par, cluster, expansion))
+    reason = "; ".join(r for r in reasons if r)
+    return MemoryEstimate(
+        weights_GB=worst.weights / GB, gradients_GB=worst.gradients / GB, optimizer_GB=worst.optimizer / GB,
+        activations_GB=worst.activations / GB, workspace_GB=cluster.workspace_GB, expansion_GB=expansion / GB,
+        total_GB=worst.hbm(workspace) / GB, capacity_GB=capacity, fits=not reason, reason=reason)
