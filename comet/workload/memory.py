@@ -61,7 +61,7 @@ def _layer_activation_terms(model: ModelSpec, par: ParallelConfig) -> tuple[floa
     s, b, h = model.seq_len // par.cp, par.micro_batch, model.hidden
     kv, f, a = model.kv_hidden, model.ffn_hidden, model.heads
     sb = s * b
-    outside = (2 * 2 * sb * h               # two layernorm inputs
+    outside = (2 * ACT_BYTES * sb * h       # two layernorm inputs
                + ACT_BYTES * sb * h         # QKV projection input
                + ACT_BYTES * sb * h         # MLP fc1 input
                + 2 * MASK_BYTES * sb * h)   # dropout masks after attention projection and after fc2
@@ -113,16 +113,18 @@ def in_flight_microbatches(par: ParallelConfig, stage: int) -> float:
 
 
 def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
-    """Embedding and output-layer activations per micro-batch ([K] Sec 4.3): the first stage keeps the
-    input dropout mask (sbh, /t with SP); the last keeps the final layernorm and output projection inputs
-    (4sbh, /t with SP) and fp32 logits 4sbV/t."""
+    """Embedding and output-layer activations of the stage ([K] Sec 4.3). The first stage keeps the
+    input dropout mask (sbh, /t with SP) for each in-flight micro-batch; the last keeps the final
+    layernorm and output projection inputs (4sbh, /t with SP) and fp32 logits 4sbV/t, for one micro-batch
+    (its backward follows its forward at once) except under GPipe, which holds all m."""
     s, b, h, t = model.seq_len // par.cp, par.micro_batch, model.hidden, par.tp
     split = t if par.sp else 1
     total = 0.0
     if stage == 0:
-        total += MASK_BYTES * s * b * h / split
+        total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
     if stage == par.pp - 1:
-        total += 2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.vocab / t
+        held = par.num_microbatches if par.schedule is Schedule.GPIPE else 1
+        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.vocab / t)
     return total
 
 
@@ -179,7 +181,7 @@ def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
     in_flight = in_flight_microbatches(par, stage)
     per_layer = activation_bytes_per_layer(model, par)
     layer_acts = in_flight * (model.layers // par.pp) * per_layer
-    fixed_acts = in_flight * _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
+    fixed_acts = _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
         expansion += optimizer

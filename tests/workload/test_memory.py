@@ -134,6 +134,15 @@ def test_first_stage_holds_all_layers_worth_of_activations(gpt3, a100):
     assert est.activations_GB == pytest.approx(expected, rel=1e-12)
 
 
+def test_single_stage_adds_embedding_and_output_activations(gpt3, a100):
+    # pp=1, t=8, SP + selective, one micro-batch in flight (Korthikanti Sec 4.3):
+    #   96 layers x 106,954,752 = 10,267,656,192; embedding dropout mask sbh/t = 3,145,728;
+    #   final layernorm + output projection inputs 4sbh/t = 12,582,912; fp32 logits 4sbV/t = 52,428,800
+    par = _par(gpt3, pp=1, recompute=Recompute.SELECTIVE, sequence_parallel=True)
+    est = estimate_memory(gpt3, par, a100)
+    assert est.activations_GB * 1e9 == pytest.approx(10_335_813_632, rel=1e-12)
+
+
 def test_stage_params_add_up_to_the_model(gpt3):
     for tied in (True, False):
         model = replace(gpt3, tied_embeddings=tied)
