@@ -194,19 +194,28 @@ class PipelinePlan:
 
 
 @dataclass(frozen=True)
+class GradBucket:
+    """A DP gradient collective, ready once `ready_fraction` of model chunk `chunk`'s last backward
+    (the last micro-batch) has run: buckets fill in backward order (Megatron DDP)."""
+    op: Op
+    chunk: int
+    ready_fraction: float
+
+
+@dataclass(frozen=True)
 class StageSync:
     """Once-per-step ops of one pipeline stage, outside the micro-batch loop.
 
-    grad_buckets: DP gradient collectives, each ready after `ready_after_layers` layers of the
-    stage's last backward pass (counted in backward order); param_gathers: ZeRO parameter
-    all-gathers (before the first forward when overlapped, else after the optimizer);
-    embedding_sync: all-reduce of tied embedding gradients between first and last stage.
+    grad_buckets: DP gradient reduce-scatters / all-reduces; param_gathers: ZeRO-1/2 parameter
+    all-gathers (at the start of the step, overlapping the first forward, when overlap_param_gather;
+    else after the optimizer); embedding_sync: all-reduce of tied embedding gradients between the first
+    and last stage; optimizer: the Adam step (plus expansion-tier traffic when the optimizer is offloaded).
     """
-    grad_buckets: tuple[tuple[Op, int], ...] = ()
+    grad_buckets: tuple[GradBucket, ...] = ()
     param_gathers: tuple[Op, ...] = ()
+    gather_before_forward: bool = True
     embedding_sync: Op | None = None
     optimizer: tuple[Op, ...] = ()
-    offload: tuple[Op, ...] = ()           # optimizer-state traffic to / from the expansion tier
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""Kernel times on one GPU: roofline with a few physical efficiency parameters.
+
+GEMM:   t = 2mnk / (peak * e_gemm * u_wave * k/(k + k_half)), at least the HBM time of its operands.
+        u_wave is wave quantization: the output is cut into tile_m x tile_n tiles spread over the SMs in
+        waves, and the last wave runs part-empty (NVIDIA "Matrix Multiplication Background" user guide,
+        sec. "Wave Quantization"). k/(k + k_half) is the fixed prologue/epilogue cost of each tile's
+        main loop relative to its k-long accumulation.
+Flash attention: 4 * b*heads * sq * skv * d FLOPs forward (QK^T and PV), halved under a causal mask
+        (FlashAttention-2, Dao 2023, sec. 3.1: masked blocks are skipped); backward does 2.5x the forward
+        matmul work (recomputed QK^T plus dQ, dK, dV, dP). Timed at attention_fwd / attention_bwd of peak.
+Memory-bound kernels (norms, activations, dropout, Adam): bytes / (HBM bandwidth * e_mem).
+Every kernel pays kernel_overhead_us (launch and tail).
+"""
+
+from __future__ import annotations
+
+import math
+
+from comet.config.cluster import ClusterSpec
+from comet.graph.ir import KernelClass, Op, Phase
+
+FLASH_BWD_FLOP_RATIO = 2.5   # FlashAttention-2 backward / forward matmul FLOPs (5 vs 2 matmuls)
+
+
+def wave_utilization(m: int, n: int, tile_m: int, tile_n: int, sms: int) -> float:
+    """Fraction of SM-waves doing useful tiles; the library picks the better tile orientation."""
+    best = 0.0
+    for tm, tn in ((tile_m, tile_n), (tile_n, tile_m)):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / sms)
+        # Partial tiles at the matrix edge also waste work: useful area / computed area.
+        area = (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
+        best = max(best, tiles / (waves * sms) * area)
+    return best
+
+
+def gemm_time_s(m: int, n: int, k: int, cluster: ClusterSpec, precision: str, dtype_bytes: int = 2,
+                batch: int = 1) -> float:
+    gpu, eff = cluster.gpu, cluster.efficiency
+    fp8 = precision == "fp8"
+    peak = gpu.peak_flops("fp8" if fp8 else ("bf16" if "bf16" in gpu.peak_tflops else precision))
+    e = eff.gemm_fp8 if fp8 else eff.gemm
+    u = wave_utilization(m, n * batch, eff.gemm_tile_m, eff.gemm_tile_n, gpu.sms)
+    k_eff = k / (k + eff.gemm_k_half)
+    flops = 2.0 * m * n * k * batch
+    compute = flops / (peak * e * u * k_eff)
+    operand_bytes = (m * k + k * n + m * n) * batch * (1 if fp8 else dtype_bytes)
+    memory = operand_bytes / (gpu.hbm_bandwidth * eff.memory_bound)
+    return max(compute, memory) + eff.kernel_overhead_us * 1e-6
+
+
+def attention_time_s(flops: float, backward: bool, cluster: ClusterSpec) -> float:
+    gpu, eff = cluster.gpu, cluster.efficiency
+    peak = gpu.peak_flops("bf16" if "bf16" in gpu.peak_tflops else "fp16")   # attention stays in 16-bit
+    e = eff.attention_bwd if backward else eff.attention_fwd
+    return flops / (peak * e) + eff.kernel_overhead_us * 1e-6
+
+
+def memory_time_s(nbytes: float, cluster: ClusterSpec) -> float:
+    eff = cluster.efficiency
+    return nbytes / (cluster.gpu.hbm_bandwidth * eff.memory_bound) + eff.kernel_overhead_us * 1e-6
+
+
+def offload_time_s(nbytes: float, cluster: ClusterSpec) -> float:
+    tier = cluster.memory_expansion
+    if tier is None or nbytes <= 0:
+        return 0.0
+    return nbytes / (tier.bandwidth * cluster.efficiency.offload)
+
+
+def compute_op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
+    """Time of one compute kernel from its class and shape (the op's measured duration is not used)."""
+    if op.kernel is KernelClass.GEMM:
+        m, n, k = op.shape[:3]
+        batch = op.shape[3] if len(op.shape) > 3 else 1
+        return gemm_time_s(m, n, k, cluster, precision, op.dtype_bytes, batch)
+    if op.kernel is KernelClass.ATTENTION:
+        return attention_time_s(op.flops, op.phase in (Phase.BACKWARD,), cluster)
+    if op.kernel is KernelClass.MEMORY:
+        return memory_time_s(op.bytes, cluster)
+    return op.duration_s or 0.0

@@ -1,0 +1,87 @@
+"""Replay each block of a StepGraph once on the cluster model; its time and where the time went are
+reused for every occurrence (identical layers, identical micro-batches)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from comet.config.cluster import ClusterSpec
+from comet.graph.ir import GroupKind, OpKind
+from comet.replay.engine import Replay, replay_graph
+from comet.replay.timing import modelled_durations
+
+# Exposed communication is charged to the first active category in this order.
+_COMM_ORDER = (("exposed_tp", GroupKind.TP), ("exposed_cp", GroupKind.CP), ("exposed_dp", GroupKind.DP),
+               ("exposed_pp", GroupKind.PP), ("exposed_dp", GroupKind.EMBEDDING))
+
+
+@dataclass
+class BlockTiming:
+    duration_s: float
+    parts: dict[str, float]                       # compute, exposed_tp, ..., offload: sum = duration_s
+    replay: Replay | None = field(default=None, repr=False)
+
+
+def _measure(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _subtract(intervals, cover) -> list[tuple[float, float]]:
+    """Parts of `intervals` (merged) not covered by `cover` (merged)."""
+    out = []
+    for a, b in intervals:
+        cur = a
+        for c, d in cover:
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def exposure_parts(rep: Replay) -> dict[str, float]:
+    """Split a block's makespan: compute busy time, then communication not hidden behind compute
+    (charged by _COMM_ORDER), then expansion-tier traffic not hidden by either."""
+    ops = rep.compiled.ops
+    spans = list(zip(rep.start, rep.end))
+    covered = _measure([spans[i] for i, op in enumerate(ops) if op.kind is OpKind.COMPUTE])
+    parts = {"compute": _length(covered)}
+    for key, kind in _COMM_ORDER:
+        mine = _measure([spans[i] for i, op in enumerate(ops) if op.is_comm and op.group_kind is kind])
+        exposed = _subtract(mine, covered)
+        parts[key] = parts.get(key, 0.0) + _length(exposed)
+        covered = _measure(covered + exposed)
+    offload = _measure([spans[i] for i, op in enumerate(ops) if op.kind is OpKind.MEMCPY])
+    parts["offload"] = _length(_subtract(offload, covered))
+    covered = _measure(covered + offload)
+    parts["compute"] += max(0.0, rep.makespan - _length(covered))   # idle inside a block: kernel gaps
+    return parts
+
+
+def time_block(g: nx.DiGraph, cluster: ClusterSpec, precision: str, keep_replay: bool = False) -> BlockTiming:
+    if len(g) == 0:
+        return BlockTiming(0.0, {"compute": 0.0})
+    durations = {}
+    for nid, op in g.nodes(data="op"):
+        durations[nid] = op.duration_s if op.duration_s is not None else None
+    modelled = modelled_durations(g, cluster, precision)
+    durations = {nid: (d if d is not None else modelled[nid]) for nid, d in durations.items()}
+    rep = replay_graph(g, durations, overlap_slowdown=cluster.efficiency.overlap_slowdown)
+    return BlockTiming(rep.makespan, exposure_parts(rep), rep if keep_replay else None)

@@ -1,0 +1,26 @@
+"""Durations of ops on the cluster model: measured where a trace gave one, else the cost model."""
+
+from __future__ import annotations
+
+from comet.config.cluster import ClusterSpec
+from comet.graph.ir import Collective, Op, OpKind
+from comet.hardware.compute import compute_op_time_s, offload_time_s
+from comet.hardware.network import collective_time_s, p2p_time_s
+
+
+def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
+    if op.kind is OpKind.COMPUTE:
+        return compute_op_time_s(op, cluster, precision)
+    if op.kind is OpKind.COLLECTIVE:
+        return collective_time_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
+                                 op.group_stride, cluster)
+    if op.kind in (OpKind.SEND, OpKind.RECV):
+        return p2p_time_s(op.msg_bytes, op.group_stride, cluster)
+    if op.kind is OpKind.MEMCPY:
+        return offload_time_s(op.bytes, cluster)
+    return op.duration_s or 0.0
+
+
+def modelled_durations(g, cluster: ClusterSpec, precision: str) -> dict:
+    """{node id: seconds} from the cost model for every op of graph `g`."""
+    return {nid: op_time_s(op, cluster, precision) for nid, op in g.nodes(data="op")}

@@ -1,0 +1,113 @@
+"""Build the StepGraph of one training step for a (model, parallel configuration): the op-level
+blocks, the pipeline plan and each stage's once-per-step ops (gradient buckets, parameter gathers,
+tied-embedding sync, optimizer). Hardware-independent: the cluster model times it at replay."""
+
+from __future__ import annotations
+
+import math
+
+from comet.config.model import ModelSpec
+from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute
+from comet.graph.ir import (COMPUTE_STREAM, DP_STREAM, OFFLOAD_STREAM, Collective, GradBucket, GroupKind, KernelClass,
+                            Op, OpKind, Phase, PipelinePlan, StageSync, StepGraph)
+from comet.workload import layers
+from comet.workload.layers import ACT_BYTES, group_geometry
+
+MAIN_GRAD_BYTES = 4        # Megatron accumulates and reduces gradients in fp32 for bf16 training
+                           # (arguments.py: bf16 implies accumulate_allreduce_grads_in_fp32)
+ADAM_STEP_BYTES = 34       # fused Adam per parameter: read grad, master, m, v (16 B), write master, m, v
+                           # (12 B), write bf16 weight (2 B), grad-norm pass (4 B)
+OFFLOADED_STATE_BYTES = 24  # master, m, v read and written across the expansion link (12 + 12 B)
+
+
+def bucket_params(par: ParallelConfig) -> int:
+    """Megatron-Core DDP bucket size: max(40M, 1M * dp) parameters (distributed.py)."""
+    return max(40_000_000, 1_000_000 * par.dp * par.cp)
+
+
+def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+    """Parameters held by one rank of pipeline stage `stage` (tensor-parallel shard)."""
+    layers = model.layers // par.pp
+    p = layers * model.layer_params / par.tp
+    emb = model.vocab * model.hidden / par.tp
+    if stage == 0:
+        p += emb
+    if stage == par.pp - 1:
+        # tied embeddings: the last stage keeps its own copy of the word embeddings for the logits
+        p += emb if (par.pp > 1 or not model.tied_embeddings) else 0.0
+        p += 2 * model.hidden
+    return p
+
+
+def build_blocks(model: ModelSpec, par: ParallelConfig) -> dict:
+    return {
+        "layer.fwd": layers.layer_forward(model, par),
+        "layer.bwd": layers.layer_backward(model, par),
+        "layer.recompute": layers.layer_recompute(model, par),
+        "embedding.fwd": layers.embedding_forward(model, par),
+        "embedding.bwd": layers.embedding_backward(model, par),
+        "head.fwd": layers.head_forward(model, par),
+        "head.bwd": layers.head_backward(model, par),
+    }
+
+
+def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
+    chunks = par.pp * par.vpp
+    per_chunk = model.layers // chunks
+    # Each TP rank sends 1/tp of the boundary activation: sequence-parallel shards, or Megatron's
+    # scatter/gather optimization without SP (Narayanan et al. SC21 sec. 4.1).
+    tokens = par.micro_batch * (model.seq_len // par.cp) / par.tp
+    recompute = per_chunk if par.recompute is not Recompute.NONE else 0
+    return PipelinePlan(pp=par.pp, vpp=par.vpp, num_microbatches=par.num_microbatches, schedule=par.schedule.value,
+                        chunk_layers=(per_chunk,) * chunks, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
+                        p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute)
+
+
+def _dp_op(name: str, kind: Collective, nbytes: float, par: ParallelConfig, stage: int, phase: Phase) -> Op:
+    size, stride, _ = group_geometry(GroupKind.DP, par)
+    return Op(name, OpKind.COLLECTIVE, rank=stage, stream=DP_STREAM, collective=kind, msg_bytes=nbytes,
+              group="dp", group_kind=GroupKind.DP, group_size=size, group_stride=stride, phase=phase)
+
+
+def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> StageSync:
+    params = stage_params(model, par, stage)
+    shard = par.dp * par.cp if par.zero >= 1 else 1
+    buckets: list[GradBucket] = []
+    gathers: list[Op] = []
+    if par.dp * par.cp > 1 and par.zero < 3:   # ZeRO-3 reduces per layer inside the blocks
+        per_bucket = bucket_params(par)
+        kind = Collective.REDUCE_SCATTER if par.zero >= 1 else Collective.ALL_REDUCE
+        for c in range(par.vpp):
+            chunk_p = params / par.vpp
+            n = max(1, math.ceil(chunk_p / per_bucket))
+            for k in range(n):
+                frac = (k + 1) / n if par.overlap_grad_reduce else 1.0
+                op = _dp_op(f"dp.grad_{kind.value}[c{c}.b{k}]", kind, chunk_p / n * MAIN_GRAD_BYTES, par, stage,
+                            Phase.BACKWARD)
+                buckets.append(GradBucket(op, c, frac))
+                if par.zero >= 1:
+                    gathers.append(_dp_op(f"dp.param_all_gather[c{c}.b{k}]", Collective.ALL_GATHER,
+                                          chunk_p / n * ACT_BYTES, par, stage, Phase.FORWARD))
+    emb = None
+    if par.pp > 1 and model.tied_embeddings and stage in (0, par.pp - 1):
+        size, stride, _ = group_geometry(GroupKind.EMBEDDING, par)
+        emb = Op("embedding.grad_all_reduce", OpKind.COLLECTIVE, rank=stage, stream=DP_STREAM,
+                 collective=Collective.ALL_REDUCE, msg_bytes=model.vocab * model.hidden / par.tp * MAIN_GRAD_BYTES,
+                 group="embedding", group_kind=GroupKind.EMBEDDING, group_size=size, group_stride=stride,
+                 phase=Phase.BACKWARD, comm_id="embedding.grad_all_reduce")
+    opt_params = params / shard
+    optimizer = [Op("optimizer.adam", OpKind.COMPUTE, rank=stage, stream=COMPUTE_STREAM, kernel=KernelClass.MEMORY,
+                    bytes=opt_params * ADAM_STEP_BYTES, phase=Phase.OPTIMIZER)]
+    if OffloadTarget.OPTIMIZER in par.offload:
+        optimizer.append(Op("optimizer.offload_stream", OpKind.MEMCPY, rank=stage, stream=OFFLOAD_STREAM,
+                            bytes=opt_params * OFFLOADED_STATE_BYTES, phase=Phase.OPTIMIZER))
+    return StageSync(grad_buckets=tuple(buckets), param_gathers=tuple(gathers),
+                     gather_before_forward=par.overlap_param_gather, embedding_sync=emb, optimizer=tuple(optimizer))
+
+
+def build_step_graph(model: ModelSpec, par: ParallelConfig) -> StepGraph:
+    """`par` must be resolved (ParallelConfig.resolve)."""
+    return StepGraph(blocks=build_blocks(model, par), plan=build_plan(model, par),
+                     stages=tuple(build_stage_sync(model, par, s) for s in range(par.pp)),
+                     meta={"model": model.name, "parallel": par.label(), "precision": par.precision.value,
+                           "source": "built"})

@@ -1,0 +1,341 @@
+"""Op-level blocks of a Megatron-style transformer on one representative rank.
+
+Each block is a small flat op graph (forward, backward or recompute of one layer; embedding; output
+head) with compute kernels on the "compute" stream and collectives on per-group communication
+streams, as the PyTorch profiler records a Megatron-LM step. Shapes follow Megatron-LM's tensor and
+sequence parallelism (Shoeybi et al. 2019 Fig. 3; Korthikanti et al. 2022 Fig. 5): column-parallel QKV
+and FC1, row-parallel projection and FC2; without sequence parallelism one all-reduce after each
+row-parallel GEMM (forward) and after each column-parallel dgrad (backward); with it an all-gather
+before and a reduce-scatter after, and the backward re-gathers the layer input for the weight gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from comet.config.model import ModelSpec
+from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
+from comet.graph.ir import (COMPUTE_STREAM, CP_STREAM, DP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
+                            KernelClass, Op, OpKind, Phase, chain_streams, new_graph)
+from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
+
+ACT_BYTES = 2   # bf16/fp16 activations
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank tensor sizes of one micro-batch."""
+    b: int        # micro-batch
+    s: int        # full sequence length
+    T: int        # tokens per rank (b * s / cp): the GEMM m dimension
+    Ts: int       # tokens held between TP regions (T / tp with sequence parallelism)
+    t: int        # tensor-parallel degree
+    h: int
+    kv: int       # K (or V) projection width
+    f: int        # ffn hidden
+    gate: int     # 2 for SwiGLU (gate and up projections), 1 for GeLU
+    heads: int    # attention heads per rank
+    d: int        # head dim
+    V: int
+    sp: bool
+    cp: int
+
+    @staticmethod
+    def of(model: ModelSpec, par: ParallelConfig) -> "Dims":
+        T = par.micro_batch * model.seq_len // par.cp
+        return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
+                    h=model.hidden, kv=model.kv_hidden, f=model.ffn_hidden, gate=2 if model.gated else 1,
+                    heads=model.heads // par.tp, d=model.head_dim, V=model.vocab, sp=par.sp, cp=par.cp)
+
+
+class BlockBuilder:
+    """Appends ops to one block graph; ops on the same stream run in insertion order."""
+
+    def __init__(self, phase: Phase, par: ParallelConfig, model: ModelSpec):
+        self.g = new_graph()
+        self.phase = phase
+        self.par = par
+        self.model = model
+        self.fp8 = par.precision is Precision.FP8
+
+    def _add(self, op: Op, after) -> int:
+        nid = len(self.g)
+        self.g.add_node(nid, op=op)
+        for u in (a for a in after if a is not None):
+            self.g.add_edge(u, nid, dep="data")
+        return nid
+
+    def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
+        return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
+                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if self.fp8 and batch == 1 else 2,
+                            phase=self.phase), after)
+
+    def memory(self, name: str, nbytes: float, after=()) -> int:
+        return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
+                            phase=self.phase), after)
+
+    def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
+        return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
+                            phase=self.phase), after)
+
+    def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=()) -> int:
+        size, stride, stream = group_geometry(group, self.par)
+        return self._add(Op(name, OpKind.COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
+                            group=group.value, group_kind=group, group_size=size, group_stride=stride,
+                            phase=self.phase), after)
+
+    def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
+        size, stride, stream = group_geometry(group, self.par)
+        return self._add(Op(name, OpKind.SEND, stream=stream, msg_bytes=float(msg_bytes), group=group.value,
+                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after)
+
+    def offload(self, name: str, nbytes: float, after=()) -> int:
+        return self._add(Op(name, OpKind.MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
+                         after)
+
+    def done(self) -> nx.DiGraph:
+        return chain_streams(self.g)
+
+
+def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:
+    """(size, global-rank stride, stream) of a process group; Megatron rank order is tp, cp, dp, pp."""
+    if group is GroupKind.TP:
+        return par.tp, 1, TP_STREAM
+    if group is GroupKind.CP:
+        return par.cp, par.tp, CP_STREAM
+    if group is GroupKind.DP:      # gradients are reduced over data x context parallel ranks
+        return par.dp * par.cp, par.tp, DP_STREAM
+    if group is GroupKind.PP:
+        return par.pp, par.tp * par.cp * par.dp, DP_STREAM
+    if group is GroupKind.EMBEDDING:
+        return 2, (par.pp - 1) * par.tp * par.cp * par.dp, DP_STREAM
+    raise ValueError(group)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+# Each helper takes the list of ops the next kernel depends on and returns the new list.
+Deps = list
+
+
+def tp_in(bb: BlockBuilder, D: Dims, name: str, m: int, n: int, k: int, deps: Deps) -> Deps:
+    """Column-parallel GEMM whose input is all-gathered first under sequence parallelism; with
+    overlap_tp_comm the gather and the GEMM are split into tp chunks and pipelined (Megatron
+    --tp-comm-overlap ring exchange)."""
+    if not D.sp:
+        return [bb.gemm(name, m, n, k, deps)]
+    msg = D.T * D.h * ACT_BYTES
+    if not bb.par.overlap_tp_comm:
+        ag = bb.collective(f"{name}.all_gather", Collective.ALL_GATHER, msg, GroupKind.TP, deps)
+        return [bb.gemm(name, m, n, k, [ag])]
+    prev = None
+    for j in range(D.t):
+        ag = bb.collective(f"{name}.all_gather[{j}]", Collective.ALL_GATHER, msg / D.t, GroupKind.TP, deps)
+        prev = bb.gemm(f"{name}[{j}]", m // D.t, n, k, [ag, prev])
+    return [prev]
+
+
+def tp_out(bb: BlockBuilder, D: Dims, name: str, m: int, n: int, k: int, deps: Deps) -> Deps:
+    """Row-parallel GEMM followed by the reduction of its partial sums over the TP group."""
+    if D.t == 1:
+        return [bb.gemm(name, m, n, k, deps)]
+    msg = D.T * D.h * ACT_BYTES
+    kind = Collective.REDUCE_SCATTER if D.sp else Collective.ALL_REDUCE
+    if not (D.sp and bb.par.overlap_tp_comm):
+        g = bb.gemm(name, m, n, k, deps)
+        return [bb.collective(f"{name}.{kind.value}", kind, msg, GroupKind.TP, [g])]
+    tail = []
+    for j in range(D.t):
+        g = bb.gemm(f"{name}[{j}]", m // D.t, n, k, deps)
+        tail = [bb.collective(f"{name}.{kind.value}[{j}]", kind, msg / D.t, GroupKind.TP, [g])]
+    return tail
+
+
+def grad_in(bb: BlockBuilder, D: Dims, name: str, deps: Deps) -> Deps:
+    """The backward of a reduce-scatter is an all-gather of the output gradient (sequence parallelism)."""
+    if not D.sp:
+        return deps
+    return [bb.collective(f"{name}.all_gather_grad", Collective.ALL_GATHER, D.T * D.h * ACT_BYTES,
+                          GroupKind.TP, deps)]
+
+
+def row_backward(bb: BlockBuilder, D: Dims, name: str, n_in: int, deps: Deps) -> Deps:
+    """Backward of a row-parallel GEMM (input width n_in per rank, output h): dgrad and wgrad."""
+    deps = grad_in(bb, D, name, deps)
+    dgrad = bb.gemm(f"{name}.dgrad", D.T, n_in, D.h, deps)
+    wgrad = bb.gemm(f"{name}.wgrad", n_in, D.h, D.T, [dgrad])
+    return [dgrad, wgrad]
+
+
+def col_backward(bb: BlockBuilder, D: Dims, name: str, n_out: int, deps: Deps) -> Deps:
+    """Backward of a column-parallel GEMM (input width h, output n_out per rank): the dgrad's
+    all-reduce / reduce-scatter overlaps the wgrad (Megatron's async grad reduction); under sequence
+    parallelism the layer input is re-gathered for the wgrad while the dgrad runs."""
+    regather = ([bb.collective(f"{name}.all_gather_input", Collective.ALL_GATHER, D.T * D.h * ACT_BYTES,
+                               GroupKind.TP, deps)] if D.sp else [])
+    dgrad = bb.gemm(f"{name}.dgrad", D.T, D.h, n_out, deps)
+    wgrad = bb.gemm(f"{name}.wgrad", n_out, D.h, D.T, [dgrad] + regather)
+    if D.t == 1:
+        return [wgrad]
+    kind = Collective.REDUCE_SCATTER if D.sp else Collective.ALL_REDUCE
+    red = bb.collective(f"{name}.dgrad.{kind.value}", kind, D.T * D.h * ACT_BYTES, GroupKind.TP, [dgrad])
+    return [wgrad, red]
+
+
+def norm(bb: BlockBuilder, D: Dims, name: str, deps: Deps, backward: bool = False) -> Deps:
+    """LayerNorm / RMSNorm: reads and writes Ts x h (backward also reads the output gradient)."""
+    return [bb.memory(name, D.Ts * D.h * ACT_BYTES * (3 if backward else 2), deps)]
+
+
+def dropout_add(bb: BlockBuilder, D: Dims, name: str, deps: Deps) -> Deps:
+    """Bias-dropout-add: reads input and residual, writes output and a 1-byte mask (Korthikanti sec. 4.1)."""
+    return [bb.memory(name, D.Ts * D.h * (3 * ACT_BYTES + 1), deps)]
+
+
+def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Deps:
+    """Scores and values for this rank's heads and tokens against the whole (causal) sequence."""
+    name = "attention.bwd" if backward else "attention"
+    if bb.par.flash_attention:
+        # Causal: each query sees on average half the keys; with load-balanced context parallelism
+        # every rank does 1/cp of the full causal work (Megatron-Core CP).
+        flops = 4.0 * D.b * D.heads * D.T * D.s * D.d * 0.5 * (FLASH_BWD_FLOP_RATIO if backward else 1.0)
+        shape = (D.b * D.heads, D.T, D.s, D.d)
+        if D.cp == 1:
+            return [bb.attention(name, flops, shape, deps)]
+        # Ring attention: cp steps; step j uses the K/V block received in step j-1 (K and V, and in
+        # backward also their gradients, travel around the CP ring).
+        kv_block = D.T * 2 * (D.kv // D.t) * ACT_BYTES * (2 if backward else 1)
+        prev = None
+        recv = None
+        for j in range(D.cp):
+            nxt = bb.send(f"{name}.cp_exchange[{j}]", kv_block, GroupKind.CP, deps + ([recv] if recv else [])) \
+                if j < D.cp - 1 else None
+            prev = bb.attention(f"{name}[{j}]", flops / D.cp, shape, deps + [x for x in (prev, recv) if x is not None])
+            recv = nxt
+        return [prev]
+    # Unfused (Megatron before flash attention): batched QK^T and PV GEMMs over the full square, and
+    # softmax + mask + dropout over b*heads*T*s scores (2-byte scores, 1-byte mask; Korthikanti sec. 4.1).
+    scores = D.b * D.heads * D.T * D.s
+    passes = 2 if backward else 1
+    g1 = [bb.gemm(f"{name}.qk", D.T, D.s, D.d, deps, batch=D.b * D.heads) for _ in range(passes)]
+    sm = [bb.memory(f"{name}.softmax_dropout", scores * (7 if backward else 5), g1)]
+    return [bb.gemm(f"{name}.pv", D.T, D.d, D.s, sm, batch=D.b * D.heads) for _ in range(passes)][-1:]
+
+
+# ------------------------------------------------------------------------------------------- blocks
+def _layer_weight_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    return model.layer_params / par.tp * ACT_BYTES
+
+
+def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bool) -> None:
+    """Per-layer traffic that overlaps the layer's compute in steady state: the ZeRO-3 gather of the
+    next layer's weights (and, backward, the reduce-scatter of the previous layer's gradients), and
+    expansion-tier streaming of weights / activations. They have no dependency inside the block: each
+    stands for the prefetch issued one layer ahead; the block ends when they are done."""
+    par = bb.par
+    weights = _layer_weight_bytes(model, par)
+    if par.zero >= 3 and par.dp * par.cp > 1:
+        bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [])
+        if backward:   # gradients reduced in bf16 (FSDP MixedPrecision reduce_dtype)
+            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, weights, GroupKind.DP, [])
+    if OffloadTarget.WEIGHTS in par.offload:
+        bb.offload("offload.weights_in", weights, [])
+    if OffloadTarget.ACTIVATIONS in par.offload:
+        from comet.workload.memory import activation_bytes_per_layer
+        bb.offload("offload.activations_in" if backward else "offload.activations_out",
+                   activation_bytes_per_layer(model, par), [])
+
+
+def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FORWARD) -> nx.DiGraph:
+    D = Dims.of(model, par)
+    bb = BlockBuilder(phase, par, model)
+    _zero3_and_offload(bb, model, D, backward=False)
+    x = norm(bb, D, "input_norm", [])
+    x = tp_in(bb, D, "qkv", D.T, (D.h + 2 * D.kv) // D.t, D.h, x)
+    x = attention_core(bb, D, x, backward=False)
+    x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)
+    x = dropout_add(bb, D, "attention.dropout_add", x)
+    x = norm(bb, D, "mlp_norm", x)
+    x = tp_in(bb, D, "fc1", D.T, D.gate * D.f // D.t, D.h, x)
+    x = [bb.memory("swiglu" if D.gate == 2 else "gelu", D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
+    x = tp_out(bb, D, "fc2", D.T, D.h, D.f // D.t, x)
+    dropout_add(bb, D, "mlp.dropout_add", x)
+    return bb.done()
+
+
+def layer_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.BACKWARD, par, model)
+    _zero3_and_offload(bb, model, D, backward=True)
+    x = dropout_add(bb, D, "mlp.dropout_add.bwd", [])
+    x = row_backward(bb, D, "fc2", D.f // D.t, x)
+    x = [bb.memory("swiglu.bwd" if D.gate == 2 else "gelu.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
+    x = col_backward(bb, D, "fc1", D.gate * D.f // D.t, x)
+    x = norm(bb, D, "mlp_norm.bwd", x, backward=True)
+    x = dropout_add(bb, D, "attention.dropout_add.bwd", x)
+    x = row_backward(bb, D, "proj", D.h // D.t, x)
+    x = attention_core(bb, D, x, backward=True)
+    x = col_backward(bb, D, "qkv", (D.h + 2 * D.kv) // D.t, x)
+    x = norm(bb, D, "input_norm.bwd", x, backward=True)
+    bb.memory("residual_grad_add", D.Ts * D.h * ACT_BYTES * 3, x)
+    return bb.done()
+
+
+def layer_recompute(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+    """What runs again before a layer's backward: the whole forward (full), the attention core of an
+    unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
+    recomputes its scores inside the backward kernel)."""
+    from comet.config.parallel import Recompute
+    if par.recompute is Recompute.FULL:
+        return layer_forward(model, par, phase=Phase.RECOMPUTE)
+    bb = BlockBuilder(Phase.RECOMPUTE, par, model)
+    if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
+        attention_core(bb, Dims.of(model, par), [], backward=False)
+    return bb.done()
+
+
+def embedding_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+    """Vocab-parallel embedding lookup: each TP rank writes its rows, the partial embeddings are summed
+    over the TP group (reduce-scattered under SP), then embedding dropout."""
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.FORWARD, par, model)
+    x = [bb.memory("embedding.lookup", D.T * D.h * ACT_BYTES * 2, [])]
+    if D.t > 1:
+        kind = Collective.REDUCE_SCATTER if D.sp else Collective.ALL_REDUCE
+        x = [bb.collective(f"embedding.{kind.value}", kind, D.T * D.h * ACT_BYTES, GroupKind.TP, x)]
+    bb.memory("embedding.dropout", D.Ts * D.h * (2 * ACT_BYTES + 1), x)
+    return bb.done()
+
+
+def embedding_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.BACKWARD, par, model)
+    x = [bb.memory("embedding.dropout.bwd", D.Ts * D.h * (2 * ACT_BYTES + 1), [])]
+    x = grad_in(bb, D, "embedding", x)
+    bb.memory("embedding.grad_scatter_add", D.T * D.h * 4 * 2, x)   # fp32 main-grad rows
+    return bb.done()
+
+
+def head_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+    """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 softmax over V/t columns with
+    three small all-reduces over TP: max, sum of exponentials, target logit; Megatron
+    vocab_parallel_cross_entropy)."""
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.FORWARD, par, model)
+    x = norm(bb, D, "final_norm", [])
+    x = tp_in(bb, D, "logits", D.T, D.V // D.t, D.h, x)
+    x = [bb.memory("cross_entropy", D.T * D.V // D.t * (ACT_BYTES + 4 * 2), x)]
+    if D.t > 1:
+        for what in ("max", "sum_exp", "target"):
+            x = [bb.collective(f"cross_entropy.all_reduce_{what}", Collective.ALL_REDUCE, D.T * 4, GroupKind.TP, x)]
+    return bb.done()
+
+
+def head_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.BACKWARD, par, model)
+    x = [bb.memory("cross_entropy.bwd", D.T * D.V // D.t * (4 + ACT_BYTES), [])]
+    x = col_backward(bb, D, "logits", D.V // D.t, x)
+    norm(bb, D, "final_norm.bwd", x, backward=True)
+    return bb.done()
