@@ -1,0 +1,111 @@
+"""`comet search SPACE.yaml`: run a study (grid / random / Optuna) over parallelism x cluster provisioning,
+with a progress bar, and print the Pareto set and where the results are."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+from comet.errors import ConfigError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("search", help="search parallelism x cluster configurations (docs/search-space.md)",
+                              description=__doc__)
+    p.add_argument("space", help="search-space YAML, e.g. search_spaces/gpt3_1t.yaml")
+    p.add_argument("--executor", choices=("ray", "serial"), default="ray",
+                   help="ray (default: starts a local Ray, or joins --address) or serial (debugging)")
+    p.add_argument("--address", help="join an existing Ray cluster (e.g. auto or 10.0.0.1:6379)")
+    p.add_argument("--workers", type=int, help="Ray worker processes (default: CPU count)")
+    p.add_argument("--trials", type=int, help="evaluate at most N candidates (overrides budget.trials)")
+    p.add_argument("--seed", type=int, help="overrides the space's seed")
+    p.add_argument("--out", help="results folder (default: results/<study>)")
+    p.add_argument("--chunk", type=int, help="candidates per Ray task (default: sized to the work)")
+    p.add_argument("--no-timelines", action="store_true", help="skip the Chrome-trace timelines of the top designs")
+    p.set_defaults(func=run)
+
+
+class _RichProgress:
+    """The driver's Progress hooks drawn as a rich progress bar with rate and ETA."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.bar = Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+                            TextColumn("{task.fields[rate]:>7} cand/s"), TextColumn("ok {task.fields[ok]}"),
+                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                            transient=False)
+        self.task = None
+        self.ok = 0
+
+    def start(self, total, resumed):
+        if resumed:
+            self.console.print(f"resuming: {resumed} candidates already in the journal are not evaluated again")
+        self.bar.start()
+        self.task = self.bar.add_task("search", total=total, rate="-", ok=0)
+
+    def advance(self, row):
+        self.ok += row.get("status") == "ok"
+        self.bar.advance(self.task)
+        task = self.bar.tasks[0]
+        speed = task.speed
+        self.bar.update(self.task, rate=f"{speed:.1f}" if speed else "-", ok=self.ok)
+
+    def finish(self):
+        if self.task is not None:
+            self.bar.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from comet.search.driver import Progress as DriverProgress, RunOptions, run_study
+    from comet.search.space import load_space
+
+    for flag in ("workers", "trials", "chunk"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"must be >= 1, got {value}", field=f"--{flag}")
+    space = load_space(args.space)
+    console = Console(stderr=False)
+    progress = _RichProgress(console) if console.is_terminal else DriverProgress()
+    opts = RunOptions(out=Path(args.out) if args.out else None, executor=args.executor, workers=args.workers,
+                      address=args.address, trials=args.trials, seed=args.seed, chunk_size=args.chunk,
+                      timelines=not args.no_timelines, progress=progress)
+    console.print(f"study [bold]{space.study}[/]: method {space.method.value}, executor {args.executor}"
+                  + (f" ({args.workers} workers)" if args.workers else ""))
+    outcome = run_study(space, opts)
+    _print_outcome(console, outcome, space)
+    return 130 if outcome.interrupted else 0
+
+
+def _print_outcome(console: Console, outcome, space) -> None:
+    s = outcome.stats
+    pruned = ", ".join(f"{k} {n}" for k, n in s.by_category.most_common()) or "none"
+    console.print(f"proposed {s.proposed}, duplicates {s.duplicates}, pruned {s.pruned} ({pruned})")
+    status = outcome.frame["status"].value_counts().to_dict() if not outcome.frame.empty else {}
+    console.print(f"evaluated {outcome.evaluated_now} now + {outcome.resumed} resumed; results: "
+                  + ", ".join(f"{k} {v}" for k, v in status.items()) + f"; {outcome.wall_s:.1f} s")
+    if not outcome.front.empty:
+        cols = ["gpus", "label"] + [o.column for o in space.objectives if o.column not in ("gpus",)]
+        extra = [c for c in ("expansion_GB", "scaleup_size", "scaleout_bandwidth_GBps") if c in outcome.front]
+        table = Table(title=f"Pareto set ({len(outcome.front)} designs)")
+        for c in extra + cols:
+            table.add_column(c, justify="right" if c != "label" else "left")
+        for _, r in outcome.front.head(25).iterrows():
+            table.add_row(*[_cell(r[c]) for c in extra + cols])
+        console.print(table)
+    if outcome.interrupted:
+        console.print("[yellow]interrupted[/]: results so far were saved; run the same command again to resume",
+                      highlight=False)
+    console.print(f"results: {outcome.out_dir}/ (summary.md, candidates.parquet, pareto.csv, plots, timelines)")
+    sys.stdout.flush()
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    return str(v)

@@ -1,0 +1,95 @@
+"""Cost, power, energy and time-to-train of a training run on a provisioned cluster.
+
+Inputs are the unit prices and watts of ClusterSpec.cost / ClusterSpec.power (cluster_specs/*.yaml,
+with their sources there). One formula per function:
+
+    nodes          = ceil(gpus / gpus_per_chassis)
+    capex          = gpus * gpu_usd + nodes * node_usd
+                     + sum_d gpus * bandwidth_d[GB/s] * price_d[USD per GB/s per GPU] / oversubscription_d
+                     + gpus * hbm_GB * hbm_usd_per_GB + gpus * expansion_GB * expansion_usd_per_GB
+    power          = gpus * gpu_W + nodes * node_overhead_W + gpus * network_W_per_gpu
+                     + gpus * expansion_GB * expansion_W_per_GB
+    time_to_train  = job.total_tokens / tokens_per_s
+    energy         = power * time_to_train * PUE
+    cost_per_run   = capex * time_to_train / amortization period + energy * electricity price
+
+Memory expansion capacity is per GPU (ClusterSpec.memory_expansion.capacity_GB).
+"""
+
+from __future__ import annotations
+
+import math
+
+from comet.config.cluster import ClusterSpec
+from comet.config.job import JobSpec
+
+SECONDS_PER_YEAR = 365.25 * 86400.0
+J_PER_MWH = 3.6e9
+
+
+def node_count(gpus: int, gpus_per_chassis: int) -> int:
+    return math.ceil(gpus / max(1, gpus_per_chassis))
+
+
+def expansion_GB(cluster: ClusterSpec) -> float:
+    return cluster.memory_expansion.capacity_GB if cluster.memory_expansion else 0.0
+
+
+def network_usd(cluster: ClusterSpec, gpus: int) -> float:
+    """Per network dimension: price per GB/s per GPU times the link rate. An oversubscribed fabric
+    (ratio r) is charged 1/r of it, a first-order model of fewer upper-tier switch ports."""
+    prices = cluster.cost.network_usd_per_GBps
+    total = 0.0
+    for i, dim in enumerate(cluster.network):
+        price = prices[i] if i < len(prices) else 0.0
+        total += gpus * dim.bandwidth_GBps * price / dim.oversubscription
+    return total
+
+
+def capex_usd(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None) -> float:
+    """Purchase price of the cluster: GPUs, chassis, network by dimension, HBM and expansion memory."""
+    c = cluster.cost
+    nodes = node_count(gpus, gpus_per_chassis or cluster.gpus_per_node)
+    return (gpus * c.gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus)
+            + gpus * cluster.gpu.hbm_GB * c.hbm_usd_per_GB + gpus * expansion_GB(cluster) * c.expansion_usd_per_GB)
+
+
+def power_W(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None) -> float:
+    """Average IT power of the cluster while training (before PUE)."""
+    p = cluster.power
+    gpu_W = p.gpu_W if p.gpu_W is not None else cluster.gpu.power_W
+    nodes = node_count(gpus, gpus_per_chassis or cluster.gpus_per_node)
+    return (gpus * gpu_W + nodes * p.node_overhead_W + gpus * p.network_W_per_gpu
+            + gpus * expansion_GB(cluster) * p.expansion_W_per_GB)
+
+
+def time_to_train_s(tokens_per_s: float, job: JobSpec) -> float:
+    if not tokens_per_s > 0:
+        return math.inf
+    return job.total_tokens / tokens_per_s
+
+
+def energy_MWh(power_watts: float, seconds: float, pue: float) -> float:
+    return power_watts * seconds * pue / J_PER_MWH
+
+
+def run_costs(tokens_per_s: float, cluster: ClusterSpec, gpus: int, job: JobSpec,
+              gpus_per_chassis: int | None = None) -> dict[str, float]:
+    """Every cost figure of one run, as the flat dict stored in Result.extra."""
+    c = cluster.cost
+    seconds = time_to_train_s(tokens_per_s, job)
+    capex = capex_usd(cluster, gpus, gpus_per_chassis)
+    watts = power_W(cluster, gpus, gpus_per_chassis)
+    mwh = energy_MWh(watts, seconds, c.pue)
+    energy_usd = mwh * 1000.0 * c.electricity_usd_per_kWh
+    amortized = capex * seconds / (c.amortization_years * SECONDS_PER_YEAR)
+    return {
+        "time_to_train_s": seconds,
+        "time_to_train_days": seconds / 86400.0,
+        "capex_usd": capex,
+        "power_kW": watts / 1000.0,
+        "energy_MWh": mwh,
+        "energy_cost_usd": energy_usd,
+        "amortized_capex_usd": amortized,
+        "cost_per_run_usd": amortized + energy_usd,
+    }

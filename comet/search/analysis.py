@@ -1,0 +1,123 @@
+"""Questions a study answers from its results table (COMET's Transformer-1T case study):
+the spread of the best time-to-train across cluster configurations, the gain of memory expansion,
+the effect of each provisioning axis, and which resource the best designs are bound by."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from comet.search.context import PROVISION_KEYS
+
+TIME = "time_to_train_days"
+RESOURCES = ("compute", "scale-up bandwidth", "scale-out bandwidth", "expansion bandwidth", "pipeline bubble")
+
+
+def cluster_columns(df: pd.DataFrame) -> list[str]:
+    """Columns that identify a cluster configuration (provisioning axes that vary, and GPUs)."""
+    cols = [c for c in ("gpus",) + PROVISION_KEYS if c in df.columns]
+    return [c for c in cols if df[c].nunique(dropna=False) > 1] or [c for c in cols if c == "gpus"]
+
+
+def feasible(df: pd.DataFrame) -> pd.DataFrame:
+    ok = df[df["status"] == "ok"] if not df.empty else df
+    return ok[ok[TIME].notna() & (ok[TIME] < math.inf)] if TIME in ok else ok.iloc[0:0]
+
+
+def best_per_cluster(df: pd.DataFrame) -> pd.DataFrame:
+    """The best (shortest time-to-train) row of each cluster configuration."""
+    ok = feasible(df)
+    cols = cluster_columns(df)
+    if ok.empty or not cols:
+        return ok
+    idx = ok.fillna({c: 0 for c in cols}).groupby(cols, dropna=False)[TIME].idxmin()
+    return ok.loc[idx.values].sort_values(TIME)
+
+
+def spread(df: pd.DataFrame) -> dict | None:
+    """Best time-to-train of the best and of the worst cluster configuration, and their ratio."""
+    best = best_per_cluster(df)
+    if len(best) < 2:
+        return None
+    lo, hi = best.iloc[0], best.iloc[-1]
+    return {"clusters": len(best), "best": lo, "worst": hi, "ratio": hi[TIME] / lo[TIME]}
+
+
+def axis_effect(df: pd.DataFrame, axis: str) -> dict | None:
+    """For each group of the other cluster axes: best time at the axis' first value / at each other
+    value. Returns the largest and median speed-up of going from the lowest to a higher value."""
+    best = best_per_cluster(df)
+    cols = cluster_columns(df)
+    if axis not in cols or best.empty:
+        return None
+    others = [c for c in cols if c != axis]
+    ratios, only_with = [], 0
+    low = best[axis].min()
+    groups = best.fillna({c: 0 for c in others}).groupby(others, dropna=False) if others else [((), best)]
+    all_rows = df.fillna({c: 0 for c in others})
+    for gkey, g in groups:
+        base = g[g[axis] == low]
+        rest = g[g[axis] != low]
+        if rest.empty:
+            continue
+        if base.empty:
+            # the lowest value has no feasible design in this group: count it if it was tried
+            tried = all_rows
+            for c, v in zip(others, gkey if isinstance(gkey, tuple) else (gkey,)):
+                tried = tried[tried[c] == v]
+            only_with += int((tried[axis] == low).any())
+            continue
+        ratios.append(base[TIME].iloc[0] / rest[TIME].min())
+    if not ratios and not only_with:
+        return None
+    s = pd.Series(ratios, dtype=float)
+    return {"axis": axis, "low": low, "groups": len(ratios), "max": s.max() if ratios else float("nan"),
+            "median": s.median() if ratios else float("nan"), "only_feasible_above_low": only_with}
+
+
+def expansion_gain(df: pd.DataFrame) -> dict | None:
+    """Speed-up from adding memory expansion (expansion_GB > 0 vs 0), other axes equal."""
+    if "expansion_GB" not in df.columns or df["expansion_GB"].nunique() < 2:
+        return None
+    d = df.copy()
+    d["expansion_GB"] = d["expansion_GB"].fillna(0)
+    d["_has_expansion"] = (d["expansion_GB"] > 0).astype(int)
+    d = d.drop(columns=[c for c in ("expansion_bandwidth_GBps",) if c in d]).rename(
+        columns={"expansion_GB": "_expansion_GB"})
+    d["expansion_GB"] = d["_has_expansion"]
+    return axis_effect(d, "expansion_GB")
+
+
+def group_span(kind: str, row: pd.Series) -> int:
+    """GPUs spanned by one group of `kind`, in Megatron's rank order (tp innermost, then cp, dp, pp)."""
+    tp, cp, dp, pp = (int(row.get(k) or 1) for k in ("tp", "cp", "dp", "pp"))
+    return {"tp": tp, "cp": tp * cp, "dp": tp * cp * dp, "pp": tp * cp * dp * pp}[kind]
+
+
+def bound_of(row: pd.Series, scaleup_size: int) -> str:
+    """The resource a design's step time is bound by: the largest of compute (and optimizer), exposed
+    communication on the scale-up or the scale-out tier (a group stays in the scale-up domain when it
+    spans no more GPUs than the domain holds), offload traffic (expansion bandwidth) and bubble."""
+    size = int(row.get("scaleup_size") or scaleup_size or 1)
+    parts = dict.fromkeys(RESOURCES, 0.0)
+    parts["compute"] = _v(row, "breakdown.compute") + _v(row, "breakdown.optimizer")
+    for kind in ("tp", "cp", "dp", "pp"):
+        tier = "scale-up bandwidth" if group_span(kind, row) <= size else "scale-out bandwidth"
+        parts[tier] += _v(row, f"breakdown.exposed_{kind}")
+    parts["expansion bandwidth"] = _v(row, "breakdown.offload")
+    parts["pipeline bubble"] = _v(row, "breakdown.pipeline_bubble")
+    return max(parts, key=parts.get)
+
+
+def memory_limited(row: pd.Series, hbm_GB: float) -> bool:
+    """HBM capacity shapes the design: it recomputes everything, offloads, or fills >= 90% of HBM
+    (selective recompute is Megatron's default and nearly free, Korthikanti et al. 2022)."""
+    hbm = row.get("hbm_GB") or hbm_GB
+    return (row.get("recompute") == "full" or row.get("offload") not in (None, "none")
+            or _v(row, "memory_gb_per_gpu") >= 0.9 * hbm)
+
+
+def _v(row: pd.Series, key: str) -> float:
+    v = row.get(key)
+    return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)

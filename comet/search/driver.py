@@ -1,0 +1,294 @@
+"""Run a study: propose candidates, evaluate them on an executor, write each result to the journal as
+it arrives, and turn the journal into tables, plots, timelines and summary.md at the end (also after
+Ctrl-C). Re-running the same command resumes: candidates already in the journal are not evaluated again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+
+from comet.config.cluster import CostSpec, load_cluster
+from comet.config.loader import from_dict
+from comet.config.model import load_model
+from comet.errors import ConfigError, UnsupportedError
+from comet.result import Result
+from comet.search import results as res_io
+from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates
+from comet.search.context import (Candidate, EvalContext, context_fingerprint, evaluate_candidate,
+                                  parallel_dict, parallel_from_params)
+from comet.search.executor import make_executor
+from comet.search.space import Method, SearchSpace
+
+
+class Progress:
+    """Hooks the CLI implements (with rich); the driver itself prints nothing."""
+
+    def start(self, total: int | None, resumed: int) -> None: ...
+    def advance(self, row: dict) -> None: ...
+    def finish(self) -> None: ...
+
+
+@dataclass
+class RunOptions:
+    out: Path | None = None           # default results/<study>
+    executor: str = "ray"             # ray | serial
+    workers: int | None = None
+    address: str | None = None
+    trials: int | None = None         # overrides budget.trials
+    seed: int | None = None           # overrides the space's seed
+    chunk_size: int | None = None     # candidates per task (default: sized to the work)
+    timelines: bool = True
+    progress: Progress = field(default_factory=Progress)
+    evaluate_fn: Callable | None = None   # tests only: a fake evaluate for driver mechanics
+    precheck_fn: Callable | None = None
+
+
+@dataclass
+class StudyOutcome:
+    out_dir: Path
+    frame: pd.DataFrame
+    front: pd.DataFrame
+    stats: PruneStats
+    evaluated_now: int
+    resumed: int
+    errors: int
+    interrupted: bool
+    wall_s: float
+    files: list[Path]
+
+
+# ----------------------------------------------------------------------------- context
+
+def build_context(space: SearchSpace, opts: RunOptions) -> tuple[EvalContext, str]:
+    try:
+        model = load_model(space.model)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), source=space.source) if exc.source is None else exc from None
+    cluster = load_cluster(space.cluster_spec)
+    if space.cost:
+        merged = {**dataclasses.asdict(cluster.cost), **space.cost}
+        cluster = replace(cluster, cost=from_dict(CostSpec, merged, source=space.source, path="cluster.cost"))
+    base = build_base(space, model)
+    ctx = EvalContext(model=model, cluster=cluster, job=space.job, base=base,
+                      evaluate_fn=opts.evaluate_fn, precheck_fn=opts.precheck_fn)
+    fingerprint = context_fingerprint({"model": dataclasses.asdict(model), "cluster": dataclasses.asdict(cluster),
+                                       "job": dataclasses.asdict(space.job), "base": dataclasses.asdict(space.base),
+                                       "global_batch": space.global_batch})
+    return ctx, fingerprint
+
+
+def build_base(space: SearchSpace, model) -> Any:
+    """The study's base StepGraph: built for the reference configuration, or imported."""
+    if space.base.trace is not None:
+        try:
+            from comet.trace import import_trace   # owned by the trace importers
+        except ImportError:
+            raise UnsupportedError(f"{space.source}: base.trace: importing a trace as a study base is not "
+                                   "available yet (comet.trace.import_trace missing)") from None
+        return import_trace(space.base.trace)
+    if space.base.build is None:
+        return None
+    from comet.workload.builder import build_step_graph
+    params = dict(space.base.build)
+    gpus_axis = next((a for a in space.provision if a.short == "gpus" and a.is_grid), None)
+    gpus = params.pop("gpus", None) or (None if params.get("dp") else gpus_axis.values[0] if gpus_axis else None)
+    canon = {}
+    for k, v in params.items():
+        from comet.search.space import PARALLEL_AXES
+        canon[k] = PARALLEL_AXES[k](v, f"base.build.{k}")
+    try:
+        par = parallel_from_params(canon, space.global_batch, gpus).resolve(model)
+    except ConfigError as exc:
+        raise ConfigError(f"the reference configuration breaks a rule: {exc}", source=space.source,
+                          field="base.build") from None
+    return build_step_graph(model, par)
+
+
+# ----------------------------------------------------------------------------- the run
+
+class _State:
+    """Finished results of this study (journal + this run), written as they arrive."""
+
+    def __init__(self, journal: res_io.Journal, fingerprint: str, progress: Progress):
+        self.journal, self.fingerprint, self.progress = journal, fingerprint, progress
+        self.done = {k: r for k, r in journal.load().items() if r.get("fp") == fingerprint}
+        self.evaluated_now = 0
+        self.resumed = 0
+        self.rows: dict[str, dict] = {}
+
+    def record(self, cand: Candidate, result: Result, attempts: int) -> None:
+        rec = res_io.make_record(cand, result, attempts)
+        rec["fp"] = self.fingerprint
+        self.journal.append(rec)
+        self.done[cand.key] = rec
+        self.evaluated_now += 1
+        self.progress.advance(self.row(cand.key))
+
+    def row(self, key: str) -> dict:
+        if key not in self.rows:
+            self.rows[key] = res_io.flatten(self.done[key])
+        return self.rows[key]
+
+
+def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcome:
+    opts = opts or RunOptions()
+    t0 = time.monotonic()
+    seed = space.seed if opts.seed is None else opts.seed
+    trials = opts.trials or space.budget.trials
+    out = Path(opts.out) if opts.out else Path("results") / space.study
+    out.mkdir(parents=True, exist_ok=True)
+    ctx, fingerprint = build_context(space, opts)
+    factory = CandidateFactory(space, ctx, fingerprint)
+    state = _State(res_io.Journal(out / res_io.JOURNAL), fingerprint, opts.progress)
+    deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
+    executor = None
+    interrupted = False
+    try:
+        executor = make_executor(opts.executor, ctx, opts.workers, opts.address)
+        if space.method.uses_optuna:
+            _run_optuna(space, factory, state, executor, out, seed, trials, deadline, opts)
+        else:
+            _run_stream(space, factory, state, executor, seed, trials, deadline, opts)
+    except KeyboardInterrupt:
+        interrupted = True
+        if executor is not None:
+            executor.cancel()
+    finally:
+        state.journal.close()
+        if executor is not None:
+            executor.close()
+        opts.progress.finish()
+    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts)
+
+
+def _stream_of(space: SearchSpace, factory: CandidateFactory, seed: int) -> tuple[Iterator[Candidate], int | None]:
+    if space.method is Method.GRID:
+        cands = list(grid(space, factory))   # pruning is cheap: do it all first, so the total is known
+        return iter(cands), len(cands)
+    return random_candidates(space, factory, seed), None
+
+
+def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
+    if opts.chunk_size:
+        return opts.chunk_size
+    if executor.name == "serial" or not remaining:
+        return 8
+    # perf: ~8 chunks per worker balances the tail; at most 32 candidates per task
+    return max(1, min(32, remaining // (8 * executor.capacity) or 1))
+
+
+def _run_stream(space, factory, state: _State, executor, seed, trials, deadline, opts) -> None:
+    cands, total = _stream_of(space, factory, seed)
+    if trials is not None:
+        total = min(total, trials) if total is not None else trials
+    resumed_keys = [k for k in state.done]
+    opts.progress.start(total, len(resumed_keys))
+    size = _chunk_size(opts, executor, total)
+    taken = 0          # candidates proposed so far that count toward the trial budget
+    exhausted = False
+    while True:
+        while not exhausted and executor.in_flight < executor.capacity and (deadline is None or time.monotonic() < deadline):
+            chunk = []
+            while len(chunk) < size and (trials is None or taken < trials):
+                cand = next(cands, None)
+                if cand is None:
+                    exhausted = True
+                    break
+                taken += 1
+                if cand.key in state.done:
+                    state.resumed += 1
+                    continue
+                chunk.append(cand)
+            if not chunk:
+                exhausted = exhausted or (trials is not None and taken >= trials)
+                break
+            executor.submit(chunk)
+        if executor.in_flight == 0:
+            return
+        for cand, result, attempts in executor.wait():
+            state.record(cand, result, attempts)
+
+
+def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials, deadline, opts) -> None:
+    from comet.search.optuna_study import OptunaProposer
+
+    proposer = OptunaProposer(space, factory, out / "optuna.db", seed)
+    trials = trials or 10**9
+    counted = proposer.evaluated_before
+    opts.progress.start(trials if trials < 10**9 else None, counted)
+    asks = 0
+    while counted < trials and asks < 20 * trials + 100 and (deadline is None or time.monotonic() < deadline):
+        asked = [proposer.ask() for _ in range(min(space.batch, trials - counted))]
+        asks += len(asked)
+        todo: dict[str, Candidate] = {}
+        for _, out_ in asked:
+            if isinstance(out_, Candidate) and out_.key not in state.done:
+                todo.setdefault(out_.key, out_)
+            elif isinstance(out_, Candidate):
+                state.resumed += 1
+        pending = list(todo.values())
+        size = max(1, len(pending) // max(1, executor.capacity))
+        for i in range(0, len(pending), size):
+            executor.submit(pending[i:i + size])
+        while executor.in_flight:
+            for cand, result, attempts in executor.wait():
+                state.record(cand, result, attempts)
+        for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
+            if isinstance(out_, Pruned):
+                proposer.tell(trial, None, 1.0, out_.reason)
+            else:
+                row = state.row(out_.key)
+                proposer.tell(trial, row, res_io.constraint_violation(row, space), row.get("reason", ""))
+                counted += 1
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def candidate_from_record(rec: dict) -> Candidate:
+    par = {k: v for k, v in rec["parallel"].items() if k not in ("global_batch", "gpus")}
+    parallel = parallel_from_params(par, rec["parallel"]["global_batch"], rec["parallel"]["gpus"])
+    return Candidate(key=rec["key"], parallel=parallel, provision=tuple(rec["provision"].items()),
+                     number=rec["number"], params=tuple(rec.get("params", {}).items()))
+
+
+def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerprint, interrupted, t0,
+            opts) -> StudyOutcome:
+    from comet.search import plots, summary
+
+    records = list(state.done.values())
+    df = res_io.to_frame(records)
+    front = res_io.pareto_rows(df, space)
+    files = res_io.write_tables(df, front, out) if not df.empty else []
+    files.append(res_io.write_study_yaml(space, out, {
+        "cluster_spec": space.cluster_spec, "seed": seed, "trials": trials, "method": space.method.value,
+        "executor": opts.executor, "workers": opts.workers, "fingerprint": fingerprint}))
+    if not interrupted and not df.empty:
+        files += plots.write_plots(df, front, space, out)
+        if opts.timelines:
+            files += _write_timelines(space, ctx, state, front, out)
+    wall_s = time.monotonic() - t0
+    errors = int((df["status"] == "error").sum()) if not df.empty else 0
+    outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
+                           resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s, files=files)
+    files.append(summary.write_summary(outcome, space, ctx, out))
+    return outcome
+
+
+def _write_timelines(space, ctx, state: _State, front: pd.DataFrame, out: Path) -> list[Path]:
+    paths = []
+    for rank, key in enumerate(front["key"].head(space.timelines), start=1):
+        cand = candidate_from_record(state.done[key])
+        result = evaluate_candidate(ctx, cand, timeline=True)
+        if result.timeline:
+            name = f"{rank:02d}_{result.label or key}.json"
+            paths.append(res_io.write_timeline(result.timeline, out / "timelines" / name))
+    return paths
+
+
+__all__ = ["Progress", "RunOptions", "StudyOutcome", "run_study", "candidate_from_record", "parallel_dict"]

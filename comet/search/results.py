@@ -1,0 +1,177 @@
+"""Study results on disk: an append-only JSONL journal written as results arrive (nothing is lost on
+Ctrl-C or a crash), turned into candidates.parquet / .csv, pareto.csv and study.yaml at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from comet.result import BREAKDOWN_KEYS, Result
+from comet.search.context import Candidate, parallel_dict
+from comet.search.pareto import pareto_mask
+from comet.search.space import Direction, SearchSpace
+
+JOURNAL = "journal.jsonl"
+PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "sequence_parallel", "schedule", "micro_batch", "recompute",
+                    "zero", "precision", "offload")
+METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tflops_per_gpu", "memory_gb_per_gpu")
+
+
+class Journal:
+    """One JSON line per evaluated candidate, flushed at once; a torn last line is ignored on load."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = None
+
+    def load(self) -> dict[str, dict]:
+        records: dict[str, dict] = {}
+        if not self.path.exists():
+            return records
+        with self.path.open() as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue    # a line cut short by a kill: that candidate is simply evaluated again
+                if isinstance(rec, dict) and "key" in rec:
+                    records[rec["key"]] = rec
+        return records
+
+    def append(self, record: dict) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a")
+            if self._file.tell() and not _ends_with_newline(self.path):
+                self._file.write("\n")   # close a torn line left by an earlier kill
+        self._file.write(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "value"):
+        return obj.value
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    return str(obj)
+
+
+def make_record(cand: Candidate, result: Result, attempts: int = 1) -> dict:
+    """The journal line of one evaluated candidate (no timeline: those are written separately)."""
+    return {"key": cand.key, "number": cand.number, "params": dict(cand.params),
+            "provision": cand.provision_dict, "parallel": parallel_dict(cand.parallel),
+            "result": result.to_dict(timeline=False), "attempts": attempts}
+
+
+def flatten(record: dict) -> dict:
+    """One table row: provisioning, parallel config, status, metrics, breakdown, memory, cost."""
+    res = record["result"]
+    row: dict[str, Any] = {"key": record["key"], "number": record["number"], "label": res.get("label", ""),
+                           "status": res["status"], "reason": res.get("reason", ""),
+                           "gpus": res.get("gpus") or record["parallel"].get("gpus")}
+    row.update(record["provision"])
+    row.update({k: record["parallel"].get(k) for k in PARALLEL_COLUMNS})
+    row.update({k: _num(res.get(k)) for k in METRIC_COLUMNS})
+    for k in BREAKDOWN_KEYS:
+        row[f"breakdown.{k}"] = _num(res.get("breakdown", {}).get(k))
+    for k, v in res.get("memory", {}).items():
+        row[f"memory.{k}"] = _num(v)
+    for k, v in res.get("extra", {}).items():
+        row[k] = _num(v) if isinstance(v, (int, float)) or v is None else v
+    return row
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def to_frame(records: list[dict]) -> pd.DataFrame:
+    rows = [flatten(r) for r in sorted(records, key=lambda r: (r["number"], r["key"]))]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["sequence_parallel"] = df["sequence_parallel"].astype("boolean")
+    return df
+
+
+def meets_constraints(df: pd.DataFrame, space: SearchSpace) -> pd.Series:
+    """Status ok and every budget constraint of the space met."""
+    if df.empty:
+        return pd.Series([], dtype=bool)
+    ok = df["status"] == "ok"
+    c = space.constraints
+    for limit, col in ((c.max_cost_per_run_usd, "cost_per_run_usd"), (c.max_time_to_train_days, "time_to_train_days"),
+                       (c.max_capex_usd, "capex_usd"), (c.max_gpus, "gpus")):
+        if limit is not None and col in df:
+            ok &= df[col] <= limit
+    return ok
+
+
+def constraint_violation(row: dict, space: SearchSpace) -> float:
+    """0 when feasible, else > 0 (Optuna's convention): 1 for a broken rule, relative excess for a budget."""
+    if row.get("status") != "ok":
+        return 1.0
+    c = space.constraints
+    worst = 0.0
+    for limit, col in ((c.max_cost_per_run_usd, "cost_per_run_usd"), (c.max_time_to_train_days, "time_to_train_days"),
+                       (c.max_capex_usd, "capex_usd"), (c.max_gpus, "gpus")):
+        value = row.get(col)
+        if limit is not None and value is not None and not math.isnan(value) and value > limit:
+            worst = max(worst, value / limit - 1.0)
+    return worst
+
+
+def pareto_rows(df: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
+    """Feasible rows on the Pareto front of the space's objectives, best first objective first."""
+    if df.empty:
+        return df
+    feasible = df[meets_constraints(df, space)]
+    if feasible.empty:
+        return feasible
+    cols = [o.column for o in space.objectives]
+    mask = pareto_mask(feasible[cols].to_numpy(float), [o.direction is Direction.MAX for o in space.objectives])
+    first = space.objectives[0]
+    return feasible[mask].sort_values(first.column, ascending=first.direction is Direction.MIN)
+
+
+def write_tables(df: pd.DataFrame, front: pd.DataFrame, out: Path) -> list[Path]:
+    paths = [out / "candidates.parquet", out / "candidates.csv", out / "pareto.csv"]
+    df.to_parquet(paths[0], index=False)
+    df.to_csv(paths[1], index=False)
+    front.to_csv(paths[2], index=False)
+    return paths
+
+
+def write_study_yaml(space: SearchSpace, out: Path, resolved: dict) -> Path:
+    """The space as given, plus what was resolved (paths, seed, trials, fingerprint)."""
+    doc = dict(space.raw)
+    doc["resolved"] = resolved
+    path = out / "study.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_timeline(events: list, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, default=_json_default))
+    return path
