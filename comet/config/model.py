@@ -36,6 +36,7 @@ class ModelSpec:
     def __post_init__(self):
         kv = self.heads if self.kv_heads is None else self.kv_heads
         ffn = 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+        object.__setattr__(self, "activation", Activation(self.activation))
         object.__setattr__(self, "kv_heads", kv)
         object.__setattr__(self, "ffn_hidden", ffn)
         if self.hidden % self.heads:
@@ -70,7 +71,7 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> int:
-        """Token embedding (and position embedding of length seq_len for GPT-style models)."""
+        """Token embedding (position embeddings, seq_len x hidden, are negligible and not counted)."""
         return self.vocab * self.hidden
 
     @property

@@ -194,12 +194,15 @@ class PipelinePlan:
 
 
 @dataclass(frozen=True)
-class GradBucket:
-    """A DP gradient collective, ready once `ready_fraction` of model chunk `chunk`'s last backward
-    (the last micro-batch) has run: buckets fill in backward order (Megatron DDP)."""
+class BucketSet:
+    """`count` equal DP collectives `op` covering model chunk `chunk` of a stage. Gradient buckets
+    fill in backward order during the chunk's last backward (the last micro-batch), bucket k being
+    ready after (k+1)/count of it when `progressive` (Megatron DDP overlap_grad_reduce), else all at
+    its end. Parameter-gather buckets run in forward order."""
     op: Op
     chunk: int
-    ready_fraction: float
+    count: int
+    progressive: bool = True
 
 
 @dataclass(frozen=True)
@@ -207,12 +210,12 @@ class StageSync:
     """Once-per-step ops of one pipeline stage, outside the micro-batch loop.
 
     grad_buckets: DP gradient reduce-scatters / all-reduces; param_gathers: ZeRO-1/2 parameter
-    all-gathers (at the start of the step, overlapping the first forward, when overlap_param_gather;
+    all-gathers (at the start of the step, overlapping the first forward, when gather_before_forward;
     else after the optimizer); embedding_sync: all-reduce of tied embedding gradients between the first
     and last stage; optimizer: the Adam step (plus expansion-tier traffic when the optimizer is offloaded).
     """
-    grad_buckets: tuple[GradBucket, ...] = ()
-    param_gathers: tuple[Op, ...] = ()
+    grad_buckets: tuple[BucketSet, ...] = ()
+    param_gathers: tuple[BucketSet, ...] = ()
     gather_before_forward: bool = True
     embedding_sync: Op | None = None
     optimizer: tuple[Op, ...] = ()

@@ -8,10 +8,11 @@ import math
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute
-from comet.graph.ir import (COMPUTE_STREAM, DP_STREAM, OFFLOAD_STREAM, Collective, GradBucket, GroupKind, KernelClass,
+from comet.graph.ir import (COMPUTE_STREAM, DP_STREAM, OFFLOAD_STREAM, BucketSet, Collective, GroupKind, KernelClass,
                             Op, OpKind, Phase, PipelinePlan, StageSync, StepGraph)
 from comet.workload import layers
 from comet.workload.layers import ACT_BYTES, group_geometry
+from comet.workload.memory import stage_params
 
 MAIN_GRAD_BYTES = 4        # Megatron accumulates and reduces gradients in fp32 for bf16 training
                            # (arguments.py: bf16 implies accumulate_allreduce_grads_in_fp32)
@@ -23,20 +24,6 @@ OFFLOADED_STATE_BYTES = 24  # master, m, v read and written across the expansion
 def bucket_params(par: ParallelConfig) -> int:
     """Megatron-Core DDP bucket size: max(40M, 1M * dp) parameters (distributed.py)."""
     return max(40_000_000, 1_000_000 * par.dp * par.cp)
-
-
-def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
-    """Parameters held by one rank of pipeline stage `stage` (tensor-parallel shard)."""
-    layers = model.layers // par.pp
-    p = layers * model.layer_params / par.tp
-    emb = model.vocab * model.hidden / par.tp
-    if stage == 0:
-        p += emb
-    if stage == par.pp - 1:
-        # tied embeddings: the last stage keeps its own copy of the word embeddings for the logits
-        p += emb if (par.pp > 1 or not model.tied_embeddings) else 0.0
-        p += 2 * model.hidden
-    return p
 
 
 def build_blocks(model: ModelSpec, par: ParallelConfig) -> dict:
@@ -63,51 +50,56 @@ def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
                         p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute)
 
 
-def _dp_op(name: str, kind: Collective, nbytes: float, par: ParallelConfig, stage: int, phase: Phase) -> Op:
+def _dp_op(name: str, kind: Collective, nbytes: float, par: ParallelConfig, phase: Phase) -> Op:
     size, stride, _ = group_geometry(GroupKind.DP, par)
-    return Op(name, OpKind.COLLECTIVE, rank=stage, stream=DP_STREAM, collective=kind, msg_bytes=nbytes,
-              group="dp", group_kind=GroupKind.DP, group_size=size, group_stride=stride, phase=phase)
+    return Op(name, OpKind.COLLECTIVE, stream=DP_STREAM, collective=kind, msg_bytes=nbytes, group="dp",
+              group_kind=GroupKind.DP, group_size=size, group_stride=stride, phase=phase)
 
 
 def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> StageSync:
     params = stage_params(model, par, stage)
-    shard = par.dp * par.cp if par.zero >= 1 else 1
-    buckets: list[GradBucket] = []
-    gathers: list[Op] = []
+    buckets: list[BucketSet] = []
+    gathers: list[BucketSet] = []
     if par.dp * par.cp > 1 and par.zero < 3:   # ZeRO-3 reduces per layer inside the blocks
-        per_bucket = bucket_params(par)
         kind = Collective.REDUCE_SCATTER if par.zero >= 1 else Collective.ALL_REDUCE
+        chunk_p = params / par.vpp
+        n = max(1, math.ceil(chunk_p / bucket_params(par)))
         for c in range(par.vpp):
-            chunk_p = params / par.vpp
-            n = max(1, math.ceil(chunk_p / per_bucket))
-            for k in range(n):
-                frac = (k + 1) / n if par.overlap_grad_reduce else 1.0
-                op = _dp_op(f"dp.grad_{kind.value}[c{c}.b{k}]", kind, chunk_p / n * MAIN_GRAD_BYTES, par, stage,
-                            Phase.BACKWARD)
-                buckets.append(GradBucket(op, c, frac))
-                if par.zero >= 1:
-                    gathers.append(_dp_op(f"dp.param_all_gather[c{c}.b{k}]", Collective.ALL_GATHER,
-                                          chunk_p / n * ACT_BYTES, par, stage, Phase.FORWARD))
+            grad = _dp_op(f"dp.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * MAIN_GRAD_BYTES, par, Phase.BACKWARD)
+            buckets.append(BucketSet(grad, c, n, progressive=par.overlap_grad_reduce))
+            if par.zero >= 1:
+                gather = _dp_op(f"dp.param_all_gather[chunk {c}]", Collective.ALL_GATHER, chunk_p / n * ACT_BYTES,
+                                par, Phase.FORWARD)
+                gathers.append(BucketSet(gather, c, n))
     emb = None
     if par.pp > 1 and model.tied_embeddings and stage in (0, par.pp - 1):
         size, stride, _ = group_geometry(GroupKind.EMBEDDING, par)
-        emb = Op("embedding.grad_all_reduce", OpKind.COLLECTIVE, rank=stage, stream=DP_STREAM,
+        emb = Op("embedding.grad_all_reduce", OpKind.COLLECTIVE, stream=DP_STREAM,
                  collective=Collective.ALL_REDUCE, msg_bytes=model.vocab * model.hidden / par.tp * MAIN_GRAD_BYTES,
                  group="embedding", group_kind=GroupKind.EMBEDDING, group_size=size, group_stride=stride,
                  phase=Phase.BACKWARD, comm_id="embedding.grad_all_reduce")
-    opt_params = params / shard
-    optimizer = [Op("optimizer.adam", OpKind.COMPUTE, rank=stage, stream=COMPUTE_STREAM, kernel=KernelClass.MEMORY,
+    opt_params = params / (par.dp * par.cp if par.zero >= 1 else 1)
+    optimizer = [Op("optimizer.adam", OpKind.COMPUTE, stream=COMPUTE_STREAM, kernel=KernelClass.MEMORY,
                     bytes=opt_params * ADAM_STEP_BYTES, phase=Phase.OPTIMIZER)]
     if OffloadTarget.OPTIMIZER in par.offload:
-        optimizer.append(Op("optimizer.offload_stream", OpKind.MEMCPY, rank=stage, stream=OFFLOAD_STREAM,
+        optimizer.append(Op("optimizer.offload_stream", OpKind.MEMCPY, stream=OFFLOAD_STREAM,
                             bytes=opt_params * OFFLOADED_STATE_BYTES, phase=Phase.OPTIMIZER))
     return StageSync(grad_buckets=tuple(buckets), param_gathers=tuple(gathers),
                      gather_before_forward=par.overlap_param_gather, embedding_sync=emb, optimizer=tuple(optimizer))
 
 
+def build_stages(model: ModelSpec, par: ParallelConfig) -> tuple[StageSync, ...]:
+    """Middle stages are identical: build first, middle and last once and share them."""
+    first = build_stage_sync(model, par, 0)
+    if par.pp == 1:
+        return (first,)
+    middle = build_stage_sync(model, par, 1) if par.pp > 2 else None
+    return (first,) + (middle,) * (par.pp - 2) + (build_stage_sync(model, par, par.pp - 1),)
+
+
 def build_step_graph(model: ModelSpec, par: ParallelConfig) -> StepGraph:
     """`par` must be resolved (ParallelConfig.resolve)."""
     return StepGraph(blocks=build_blocks(model, par), plan=build_plan(model, par),
-                     stages=tuple(build_stage_sync(model, par, s) for s in range(par.pp)),
+                     stages=build_stages(model, par),
                      meta={"model": model.name, "parallel": par.label(), "precision": par.precision.value,
                            "source": "built"})

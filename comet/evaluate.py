@@ -1,0 +1,89 @@
+"""evaluate(): one candidate (model x cluster x parallel configuration) to a Result. Pure: no Ray, no
+I/O, no rich; picklable inputs and output. Infeasible configurations come back as results with a
+reason, never as exceptions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from comet.config.cluster import ClusterSpec
+from comet.config.job import JobSpec
+from comet.config.model import ModelSpec
+from comet.config.parallel import ParallelConfig
+from comet.errors import CometError, ConfigError
+from comet.graph.ir import StepGraph
+from comet.replay.step import StepReplay, replay_step
+from comet.result import CandidateStatus, Result
+from comet.workload.builder import build_step_graph
+from comet.workload.flops import hardware_flops_per_step, model_flops_per_step
+from comet.workload.memory import MemoryEstimate, estimate_memory
+
+
+def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> ParallelConfig:
+    """Derive dp / SP and check every rule, including what the hardware can run."""
+    par = parallel.resolve(model)
+    if par.precision.value not in cluster.gpu.peak_tflops:
+        raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
+                          f"(peaks given: {', '.join(cluster.gpu.peak_tflops)})", field="precision")
+    return par
+
+
+def precheck(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> tuple[bool, str]:
+    """Cheap pruning before any replay: divisibility rules, then memory fit."""
+    try:
+        par = resolve(model, cluster, parallel)
+    except ConfigError as exc:
+        return False, str(exc)
+    mem = estimate_memory(model, par, cluster)
+    return mem.fits, mem.reason
+
+
+def _memory_fields(mem: MemoryEstimate) -> dict:
+    return {"memory_gb_per_gpu": mem.total_GB, "memory": mem.as_dict()}
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, job: JobSpec | None = None, *,
+             timeline: bool = False, base: StepGraph | None = None) -> Result:
+    try:
+        par = resolve(model, cluster, parallel)
+    except ConfigError as exc:
+        return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=parallel.label(), gpus=parallel.gpus or 0)
+    mem = estimate_memory(model, par, cluster)
+    if not mem.fits:
+        return Result(CandidateStatus.INFEASIBLE, reason=mem.reason, label=par.label(), gpus=par.gpus,
+                      **_memory_fields(mem))
+    try:
+        graph = _graph_for(model, par, base)
+        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=timeline)
+    except CometError as exc:
+        return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
+    return _result(model, cluster, par, job, mem, rep, timeline)
+
+
+def _graph_for(model: ModelSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
+    if base is None:
+        return build_step_graph(model, par)
+    from comet.transform import transform_to   # the trace-driven path: rescale the base graph
+    return transform_to(base, model, par)
+
+
+def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:
+    step = rep.step_time_s
+    tokens = par.global_batch * model.seq_len
+    peak = cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16")
+    model_tflops = model_flops_per_step(model, par.global_batch) / step / par.gpus / 1e12
+    hw_tflops = hardware_flops_per_step(model, par) / step / par.gpus / 1e12
+    res = Result(CandidateStatus.OK, label=par.label(), step_time_s=step, tokens_per_s=tokens / step,
+                 tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
+                 breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))
+    res.extra["critical_stage"] = rep.critical_stage
+    if job is not None:
+        res.extra["time_to_train_s"] = job.total_tokens / res.tokens_per_s
+    if timeline:
+        from comet.replay.timeline import step_timeline
+        res.timeline = step_timeline(rep)
+    return res
+
+
+def with_overrides(par: ParallelConfig, **changes) -> ParallelConfig:
+    return replace(par, **changes)

@@ -1,0 +1,205 @@
+"""Replay one training step of a StepGraph: time each block once (event engine), the pipeline tasks
+(static-order solver), then each stage's tail; produce the step time and its breakdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from comet.config.cluster import ClusterSpec
+from comet.graph.ir import Op, OpKind, StepGraph
+from comet.hardware.network import p2p_time_s
+from comet.replay.blocks import BlockTiming, time_block
+from comet.replay.pipeline import StagePrograms, build_programs, solve
+from comet.replay.schedule import BWD, FWD
+from comet.replay.timing import op_time_s
+from comet.result import BREAKDOWN_KEYS
+
+
+@dataclass
+class StageTail:
+    compute_end: float        # last task
+    optimizer_start: float
+    optimizer_end: float
+    dp_events: list = field(default_factory=list)   # (name, start, end) on the DP stream
+    end: float = 0.0
+    adam_s: float = 0.0
+    offload_s: float = 0.0
+    partner_wait: float = 0.0  # waiting for the other end of the tied-embedding all-reduce
+
+
+@dataclass
+class StepReplay:
+    step_time_s: float
+    breakdown: dict[str, float]
+    critical_stage: int
+    stage_end: np.ndarray
+    programs: StagePrograms
+    task_end: np.ndarray
+    blocks: dict[str, BlockTiming]
+    tails: list[StageTail]
+    f_parts: list            # [stage][chunk] -> parts dict of a forward task
+    b_parts: list
+
+
+def _scaled(parts: dict, k: float, into: dict) -> None:
+    for key, v in parts.items():
+        into[key] = into.get(key, 0.0) + k * v
+
+
+def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
+    """Durations and parts of every (stage, chunk) forward and backward task."""
+    plan = graph.plan
+    pp, vpp = plan.pp, plan.vpp
+    last = pp * vpp - 1
+    f_dur, b_dur = np.zeros((pp, vpp)), np.zeros((pp, vpp))
+    f_parts = [[{} for _ in range(vpp)] for _ in range(pp)]
+    b_parts = [[{} for _ in range(vpp)] for _ in range(pp)]
+    for s in range(pp):
+        for c in range(vpp):
+            vs = c * pp + s
+            n = plan.chunk_layers[vs]
+            fp, bp = f_parts[s][c], b_parts[s][c]
+            _scaled(blocks["layer.fwd"].parts, n, fp)
+            _scaled(blocks["layer.bwd"].parts, n, bp)
+            _scaled(blocks["layer.recompute"].parts, plan.recompute_layers, bp)
+            if vs == 0:
+                _scaled(blocks["embedding.fwd"].parts, 1, fp)
+                _scaled(blocks["embedding.bwd"].parts, 1, bp)
+            if vs == last:
+                _scaled(blocks["head.fwd"].parts, 1, fp)
+                _scaled(blocks["head.bwd"].parts, 1, bp)
+            # Blocking point-to-point send of the boundary activation / gradient (wrap-around from the
+            # last stage to the first between model chunks of the interleaved schedule).
+            if vs != last:
+                dist = plan.p2p_group_stride * (1 if s < pp - 1 else pp - 1)
+                fp["exposed_pp"] = fp.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, dist, cluster)
+            if vs != 0:
+                dist = plan.p2p_group_stride * (1 if s > 0 else pp - 1)
+                bp["exposed_pp"] = bp.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, dist, cluster)
+            f_dur[s, c], b_dur[s, c] = sum(fp.values()), sum(bp.values())
+    return f_dur, b_dur, f_parts, b_parts
+
+
+def _serial(ready: np.ndarray, dur: np.ndarray, t0: float) -> np.ndarray:
+    """End times of ops run one after another on one stream, each no earlier than its ready time."""
+    if len(dur) == 0:
+        return dur
+    c = np.cumsum(dur)
+    return c + np.maximum.accumulate(np.maximum(ready, t0) - (c - dur))
+
+
+def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_block_replays: bool = False) -> StepReplay:
+    blocks = {k: time_block(g, cluster, precision, keep_block_replays) for k, g in graph.blocks.items()}
+    plan = graph.plan
+    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster)
+
+    memo: dict = {}
+
+    def t(op: Op) -> float:
+        # perf: middle stages share their sync ops (builder.build_stages); time each object once
+        key = id(op)
+        if key not in memo:
+            memo[key] = op_time_s(op, cluster, precision)
+        return memo[key]
+
+    # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
+    # chunk's first forward waits for the buckets holding its first layer.
+    gather_end = [0.0] * pp
+    f_release = np.zeros((pp, vpp))
+    for s, st in enumerate(graph.stages):
+        if not (st.param_gathers and st.gather_before_forward):
+            continue
+        clock = 0.0
+        for bs in st.param_gathers:
+            d = t(bs.op)
+            first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s], 1))
+            f_release[s, bs.chunk] = clock + first_layer * d
+            clock += bs.count * d
+        gather_end[s] = clock
+    prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
+    end = solve(prog)
+    tails = _tails(graph, prog, end, gather_end, t)
+    stage_end = np.array([tl.end for tl in tails])
+    crit = int(np.argmax(stage_end))
+    breakdown = _breakdown(prog, end, tails[crit], crit, f_parts, b_parts)
+    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, prog, end, blocks, tails, f_parts, b_parts)
+
+
+def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t) -> list[StageTail]:
+    plan = graph.plan
+    pp, m = plan.pp, plan.num_microbatches
+    tails = []
+    for s in range(pp):
+        lo, hi = prog.offset[s], prog.offset[s + 1]
+        sl = slice(lo, hi)
+        last_b = lo + np.flatnonzero((prog.phase[sl] == BWD) & (prog.mb[sl] == m - 1))
+        last_b_of_chunk = dict(zip(prog.chunk[last_b].tolist(), last_b.tolist()))
+        st = graph.stages[s]
+        ready, durs, names = [], [], []
+        for bs in st.grad_buckets:
+            i = last_b_of_chunk[bs.chunk]
+            frac = np.arange(1, bs.count + 1) / bs.count if bs.progressive else np.ones(bs.count)
+            ready.append(end[i] - (1 - frac) * prog.dur[i])
+            durs.append(np.full(bs.count, t(bs.op)))
+            names += [f"{bs.op.name}[{k}]" for k in range(bs.count)]
+        ready_a = np.concatenate(ready) if ready else np.zeros(0)
+        durs_a = np.concatenate(durs) if durs else np.zeros(0)
+        order = np.argsort(ready_a, kind="stable")
+        ends = _serial(ready_a[order], durs_a[order], gather_end[s])
+        dp_events = [(names[i], e - durs_a[i], e) for i, e in zip(order.tolist(), ends.tolist())]
+        compute_end = float(end[hi - 1])
+        tails.append(StageTail(compute_end, 0.0, 0.0, dp_events, end=float(ends[-1]) if len(ends) else gather_end[s]))
+    # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
+    # stage waiting for its partner is pipeline imbalance.
+    emb = [s for s in range(pp) if graph.stages[s].embedding_sync is not None]
+    if emb:
+        start = max(max(tails[s].compute_end, tails[s].end) for s in emb)
+        for s in emb:
+            d = t(graph.stages[s].embedding_sync)
+            tails[s].partner_wait = start - max(tails[s].compute_end, tails[s].end)
+            tails[s].dp_events.append(("embedding.grad_all_reduce", start, start + d))
+            tails[s].end = start + d
+    for s, tl in enumerate(tails):
+        st = graph.stages[s]
+        adam = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
+        link = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
+        tl.adam_s, tl.offload_s = adam, max(0.0, link - adam)
+        tl.optimizer_start = max(tl.compute_end, tl.end)
+        tl.optimizer_end = tl.optimizer_start + adam + tl.offload_s
+        tl.end = tl.optimizer_end
+        if not st.gather_before_forward:
+            for bs in st.param_gathers:
+                d = t(bs.op)
+                tl.dp_events.append((bs.op.name, tl.end, tl.end + bs.count * d))
+                tl.end += bs.count * d
+    return tails
+
+
+def _breakdown(prog: StagePrograms, end: np.ndarray, tail: StageTail, s: int, f_parts, b_parts) -> dict:
+    """Where stage s's time went; the values add up to its end time. Tasks of one (phase, chunk) are
+    identical, so their parts are counted, not visited."""
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    lo, hi = prog.offset[s], prog.offset[s + 1]
+    e = end[lo:hi]
+    start = e - prog.dur[lo:hi]
+    gaps = start - np.concatenate([[0.0], e[:-1]])
+    release = prog.release[lo:hi]
+    src_end = np.append(end, 0.0)[np.minimum(prog.src[lo:hi], len(end))]
+    gather_wait = (release > 0) & (start == release) & (src_end < start)
+    out["exposed_dp"] += float(gaps[gather_wait].sum())
+    out["pipeline_bubble"] += float(gaps[~gather_wait].sum())
+    phase, chunk = prog.phase[lo:hi], prog.chunk[lo:hi]
+    for c in range(len(f_parts[s])):
+        for ph, parts in ((FWD, f_parts[s][c]), (BWD, b_parts[s][c])):
+            count = int(np.count_nonzero((phase == ph) & (chunk == c)))
+            for k, v in parts.items():
+                out[k] += count * v
+    out["pipeline_bubble"] += tail.partner_wait
+    out["exposed_dp"] += tail.optimizer_start - float(e[-1]) - tail.partner_wait
+    out["optimizer"] += tail.adam_s
+    out["offload"] += tail.offload_s
+    out["exposed_dp"] += tail.end - tail.optimizer_end
+    return out
