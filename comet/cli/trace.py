@@ -1,0 +1,133 @@
+"""`comet trace import` and `comet trace replay`: profiler traces in, op graph / replay report out."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from comet.errors import ConfigError
+from comet.graph.ir import ops
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("trace", help="import and replay PyTorch profiler / ET / Chakra traces")
+    sub = p.add_subparsers(dest="trace_command", required=True, parser_class=type(p))
+
+    imp = sub.add_parser("import", help="import traces into comet's op graph (and export Chakra ET)")
+    _inputs(imp)
+    imp.add_argument("-o", "--output", help="write the graph as comet graph JSON (readable by `trace replay`)")
+    imp.add_argument("--chakra-out", metavar="DIR", help="write one Chakra ET <prefix>.<rank>.et per rank")
+    imp.add_argument("--chakra-prefix", default="comet", help="file prefix for --chakra-out (default: comet)")
+    imp.add_argument("--json", action="store_true", help="print a JSON summary")
+    imp.set_defaults(func=run_import)
+
+    rep = sub.add_parser("replay", help="replay a trace and compare with the measured iteration time")
+    _inputs(rep)
+    rep.add_argument("--json", action="store_true", help="print one JSON object")
+    rep.add_argument("--timeline", metavar="OUT.json", help="write the replayed timeline as a Chrome trace")
+    rep.add_argument("--overlap-slowdown", type=float, default=0.0,
+                     help="compute slowdown while communication is in flight (default 0: measured kernels)")
+    rep.add_argument("--top", type=int, default=10, help="critical-path ops to list (default 10)")
+    rep.set_defaults(func=run_replay)
+
+
+def _inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", help="trace files, directories, archives, or a comet graph JSON")
+    p.add_argument("--step", default=None,
+                   help="ProfilerStep number to import, or 'all' (default: the last complete step)")
+    p.add_argument("--no-et-sizes", action="store_true", help="do not read collective sizes from PyTorch ETs")
+
+
+def _step(value):
+    if value is None or value == "all":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"must be a step number or 'all', got {value!r}", field="--step") from None
+
+
+def _load(args):
+    from comet.trace import load_trace
+    return load_trace(args.paths, step=_step(args.step), sizes_from_et=not args.no_et_sizes)
+
+
+def summarize(g) -> dict:
+    kinds = collections.Counter((op.rank, op.kind.value) for _, op in ops(g))
+    comms = {op.comm_id for _, op in ops(g) if op.comm_id}
+    info = {r["rank"]: r for r in g.graph.get("ranks", [])}
+    ranks = []
+    for r in sorted({rank for rank, _ in kinds}):
+        row = {"rank": r, **{k: n for (rr, k), n in sorted(kinds.items()) if rr == r}}
+        row.update({k: info.get(r, {}).get(k) for k in ("file", "step", "measured_s")})
+        ranks.append(row)
+    return {"nodes": g.number_of_nodes(), "edges": g.number_of_edges(), "matched_comms": len(comms),
+            "formats": g.graph.get("source"), "ranks": ranks}
+
+
+def run_import(args) -> int:
+    g = _load(args)
+    written = []
+    if args.output:
+        from comet.trace import write_graph_json
+        write_graph_json(g, args.output)
+        written.append(args.output)
+    if args.chakra_out:
+        from comet.trace import write_chakra
+        written += [str(p) for p in write_chakra(g, args.chakra_out, args.chakra_prefix)]
+    summary = {**summarize(g), "written": written}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    console = Console()
+    table = Table(title=f"{summary['nodes']} ops, {summary['edges']} deps, {summary['matched_comms']} matched "
+                        f"collectives ({', '.join(summary['formats'] or [])})")
+    for col in ("rank", "cpu", "compute", "memcpy", "collective", "step", "measured ms"):
+        table.add_column(col, justify="right" if col != "step" else "left")
+    for r in summary["ranks"]:
+        meas = r.get("measured_s")
+        table.add_row(str(r["rank"]), *(str(r.get(k, 0)) for k in ("cpu", "compute", "memcpy", "collective")),
+                      str(r.get("step") or "-"), f"{meas * 1e3:.3f}" if meas is not None else "-")
+    console.print(table)
+    for path in written:
+        console.print(f"wrote {path}")
+    return 0
+
+
+def run_replay(args) -> int:
+    from comet.trace.replay import replay_trace, timeline
+    g = _load(args)
+    report = replay_trace(g, overlap_slowdown=args.overlap_slowdown, top=args.top)
+    if args.timeline:
+        Path(args.timeline).write_text(json.dumps(timeline(report.replay)))
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    console = Console()
+    table = Table(title="trace replay: predicted vs measured iteration time"
+                        + (" (ranks started at their measured offsets)" if report.aligned else ""))
+    for col in ("rank", "measured ms", "predicted ms", "error %"):
+        table.add_column(col, justify="right")
+
+    def fmt(x, scale=1e3, spec=".3f"):
+        return "-" if x is None else format(x * scale, spec)
+
+    for r in report.ranks:
+        table.add_row(str(r.rank), fmt(r.measured_s), fmt(r.predicted_s), fmt(r.error_pct, 1, "+.2f"))
+    table.add_row("all", fmt(report.measured_s), fmt(report.predicted_s), fmt(report.error_pct, 1, "+.2f"))
+    console.print(table)
+    path = Table(title=f"critical path: {report.critical_path_len} ops; longest")
+    for col in ("op", "rank", "stream", "kind", "start ms", "dur ms"):
+        path.add_column(col, justify="left" if col in ("op", "stream", "kind") else "right")
+    for row in report.critical_path:
+        path.add_row(row["name"][:70], str(row["rank"]), row["stream"], row["kind"], fmt(row["start_s"]),
+                     fmt(row["duration_s"]))
+    console.print(path)
+    if args.timeline:
+        console.print(f"wrote {args.timeline}")
+    return 0
