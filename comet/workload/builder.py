@@ -101,5 +101,4 @@ def build_step_graph(model: ModelSpec, par: ParallelConfig) -> StepGraph:
     """`par` must be resolved (ParallelConfig.resolve)."""
     return StepGraph(blocks=build_blocks(model, par), plan=build_plan(model, par),
                      stages=build_stages(model, par),
-                     meta={"model": model.name, "parallel": par.label(), "precision": par.precision.value,
-                           "source": "built"})
+                     meta={"model": model, "parallel": par, "label": par.label(), "source": "built"})
