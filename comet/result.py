@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, field
 
 
@@ -39,7 +40,8 @@ class Result:
         return self.status is CandidateStatus.OK
 
     def to_dict(self, timeline: bool = False) -> dict:
-        d = asdict(self)
+        """JSON-ready: NaN metrics of an infeasible result become None (null)."""
+        d = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
         d["status"] = self.status.value
         d["feasible"] = self.feasible
         if not timeline:

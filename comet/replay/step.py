@@ -41,6 +41,7 @@ class StepReplay:
     tails: list[StageTail]
     f_parts: list            # [stage][chunk] -> parts dict of a forward task
     b_parts: list
+    plan: object = None      # the PipelinePlan replayed
 
 
 def _scaled(parts: dict, k: float, into: dict) -> None:
@@ -125,7 +126,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
     breakdown = _breakdown(prog, end, tails[crit], crit, f_parts, b_parts)
-    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, prog, end, blocks, tails, f_parts, b_parts)
+    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, prog, end, blocks, tails, f_parts, b_parts,
+                      plan)
 
 
 def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t) -> list[StageTail]:
