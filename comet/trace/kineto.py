@@ -145,10 +145,10 @@ class _Builder:
             self._thread(key, sorted(threads[key], key=lambda e: (e["ts"], -e.get("dur", 0))))
         self._gpu()
         self._thread_edges(main)
+        ends = [(op.start_s or 0.0) + (op.duration_s or 0.0) for op in rt.nodes.values()]
+        rt.measured_s = max(ends) if ends else 0.0     # before synchronize calls lose their waiting time
         self._syncs()
         self._stream_waits()
-        ends = [(op.start_s or 0.0) + (op.duration_s or 0.0) for op in rt.nodes.values()]
-        rt.measured_s = max(ends) if ends else 0.0
         rt.step_start_us = self.t0
 
     def _thread(self, key, evs) -> None:
