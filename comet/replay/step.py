@@ -122,7 +122,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
         gather_end[s] = clock
     prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     end = solve(prog)
-    tails = _tails(graph, prog, end, gather_end, t)
+    tails = _tails(graph, prog, end, gather_end, t, blocks)
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
     breakdown = _breakdown(prog, end, tails[crit], crit, f_parts, b_parts)
@@ -130,7 +130,25 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                       plan)
 
 
-def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t) -> list[StageTail]:
+def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
+    """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
+    backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
+    ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
+    plan = graph.plan
+    vs = bs.chunk * plan.pp + stage
+    n = plan.chunk_layers[vs]
+    head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
+    per_layer = blocks["layer.bwd"].duration_s + (blocks["layer.recompute"].duration_s if plan.recompute_layers else 0.0)
+    all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
+    if not bs.progressive or n == 0:
+        return np.full(bs.count, all_compute)
+    layers_done = np.ceil(np.arange(1, bs.count + 1) * n / bs.count)
+    ready = head + layers_done * per_layer
+    ready[-1] = all_compute
+    return ready
+
+
+def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t, blocks) -> list[StageTail]:
     plan = graph.plan
     pp, m = plan.pp, plan.num_microbatches
     tails = []
@@ -143,8 +161,7 @@ def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t
         ready, durs, names = [], [], []
         for bs in st.grad_buckets:
             i = last_b_of_chunk[bs.chunk]
-            frac = np.arange(1, bs.count + 1) / bs.count if bs.progressive else np.ones(bs.count)
-            ready.append(end[i] - (1 - frac) * prog.dur[i])
+            ready.append(end[i] - prog.dur[i] + bucket_ready_offsets(graph, blocks, s, bs))
             durs.append(np.full(bs.count, t(bs.op)))
             names += [f"{bs.op.name}[{k}]" for k in range(bs.count)]
         ready_a = np.concatenate(ready) if ready else np.zeros(0)
