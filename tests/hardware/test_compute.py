@@ -1,0 +1,39 @@
+"""Kernel cost model: roofline, wave quantization, attention and memory-bound kernels."""
+
+import pytest
+
+from comet.hardware.compute import attention_time_s, gemm_time_s, memory_time_s, wave_utilization
+
+
+def test_large_gemm_runs_near_calibrated_efficiency(h100):
+    t = gemm_time_s(8192, 8192, 8192, h100, "bf16")
+    achieved = 2 * 8192**3 / t / 1e12
+    assert 0.6 * 989.4 < achieved < 0.95 * 989.4
+
+
+def test_fp8_is_faster_than_bf16(h100):
+    assert gemm_time_s(8192, 8192, 8192, h100, "fp8") < 0.7 * gemm_time_s(8192, 8192, 8192, h100, "bf16")
+
+
+def test_wave_quantization_by_hand():
+    # 128x256 tiles of a 128 x (256*133) output: 133 tiles on 132 SMs -> 2 waves, 133/264 useful.
+    assert wave_utilization(128, 256 * 133, 128, 256, 132) == pytest.approx(133 / 264)
+    assert wave_utilization(128, 256 * 132, 128, 256, 132) == pytest.approx(1.0)
+
+
+def test_small_gemm_is_dominated_by_fixed_costs(h100):
+    # 8 kFLOP: microseconds of launch overhead and one partly-filled tile, nowhere near peak.
+    t = gemm_time_s(16, 16, 16, h100, "bf16")
+    overhead = h100.efficiency.kernel_overhead_us * 1e-6
+    assert overhead < t < 3 * overhead
+    assert 2 * 16**3 / t < 1e-3 * 989.4e12
+
+
+def test_memory_bound_kernel_by_hand(h100):
+    nbytes = 1e9
+    expected = nbytes / (3.35e12 * h100.efficiency.memory_bound) + h100.efficiency.kernel_overhead_us * 1e-6
+    assert memory_time_s(nbytes, h100) == pytest.approx(expected)
+
+
+def test_attention_backward_slower_per_flop(h100):
+    assert attention_time_s(1e12, True, h100) > attention_time_s(1e12, False, h100)
