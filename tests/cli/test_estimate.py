@@ -1,0 +1,62 @@
+"""End-to-end `comet estimate`, and its bad-input behaviour (one line, exit 2)."""
+
+import json
+
+import pytest
+
+from comet.cli import main
+
+BASE = ["estimate", "--model", "gpt3_175b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+        "--micro-batch", "1", "--global-batch", "1536", "--precision", "bf16", "--recompute", "selective"]
+
+
+def test_estimate_json(capsys):
+    assert main(BASE + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory_gb_per_gpu", "feasible", "reason",
+                "breakdown"):
+        assert key in out
+    assert out["feasible"] is True
+    assert out["tokens_per_s"] == pytest.approx(1536 * 2048 / out["step_time_s"])
+    assert sum(out["breakdown"].values()) == pytest.approx(out["step_time_s"])
+    assert 0.2 < out["mfu"] < 0.8
+
+
+def test_estimate_table_and_timeline(capsys, tmp_path):
+    out_file = tmp_path / "t.json"
+    assert main(["estimate", "--model", "gpt_1_7b", "--gpus", "8", "--tp", "2", "--pp", "2", "--global-batch", "16",
+                 "--timeline", str(out_file)]) == 0
+    text = capsys.readouterr().out
+    assert "step time" in text and "MFU" in text and "pipeline bubble" in text
+    events = json.loads(out_file.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} >= {"X", "M"}
+    assert any(e.get("name") == "fc1" for e in events)
+
+
+def test_infeasible_memory_is_a_result(capsys):
+    assert main(["estimate", "--model", "gpt3_175b", "--gpus", "8", "--global-batch", "8", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["feasible"] is False and "HBM holds 80 GB" in out["reason"] and out["step_time_s"] is None
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--model", "nope", "--global-batch", "8"], "unknown model 'nope'"),
+    (["--model", "gpt3_175b", "--gpus", "1024", "--tp", "3", "--global-batch", "8"], "must be divisible by tp*pp*cp"),
+    (["--model", "gpt3_175b", "--gpus", "64", "--tp", "8", "--global-batch", "8", "--cluster", "missing.yaml"],
+     "missing.yaml: file not found"),
+    (["--model", "gpt3_175b", "--gpus", "0", "--global-batch", "8"], "--gpus: must be >= 1, got 0"),
+    (["--model", "gpt3_175b", "--gpus", "64", "--tp", "8", "--global-batch", "8", "--precision", "fp8",
+      "--cluster", "cluster_specs/a100_dgx.yaml"], "has no fp8 tensor cores"),
+])
+def test_bad_input_one_line_exit_2(args, text, capsys, monkeypatch, repo_root):
+    monkeypatch.chdir(repo_root)
+    assert main(["estimate"] + args) == 2
+    err = capsys.readouterr().err
+    assert text in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_yaml_model_file(tmp_path, capsys):
+    p = tmp_path / "m.yaml"
+    p.write_text("name: m\nlayers: 4\nhidden: 64\nheads: 4\nvocab: 100\nseq_len: 16\nwidth: 3\n")
+    assert main(["estimate", "--model", str(p), "--gpus", "1", "--global-batch", "1"]) == 2
+    assert "m.yaml: width: unknown key" in capsys.readouterr().err

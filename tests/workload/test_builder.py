@@ -1,0 +1,75 @@
+"""The built blocks carry the FLOPs and bytes of Megatron's layer, and MFU uses Megatron's accounting."""
+
+import pytest
+
+from comet.config.parallel import ParallelConfig, Recompute
+from comet.graph.ir import GroupKind, KernelClass, OpKind, ops
+from comet.workload.builder import build_step_graph
+from comet.workload.flops import model_flops_per_step
+
+
+def block_flops(g, kernel=KernelClass.GEMM):
+    return sum(op.flops for _, op in ops(g) if op.kernel is kernel)
+
+
+def comm_bytes(g, kind=GroupKind.TP):
+    return sum(op.msg_bytes for _, op in ops(g) if op.is_comm and op.group_kind is kind)
+
+
+@pytest.fixture
+def built(gpt3_175b):
+    par = ParallelConfig(tp=8, pp=8, gpus=1024, global_batch=1536).resolve(gpt3_175b)
+    return par, build_step_graph(gpt3_175b, par)
+
+
+def test_layer_gemm_flops_match_megatron(built, gpt3_175b):
+    par, g = built
+    T, h, t = 2048, gpt3_175b.hidden, 8
+    fwd = 2 * T * 12 * h * h / t          # QKV 3h^2, projection h^2, MLP 8h^2 per token
+    assert block_flops(g.blocks["layer.fwd"]) == pytest.approx(fwd)
+    assert block_flops(g.blocks["layer.bwd"]) == pytest.approx(2 * fwd)   # dgrad + wgrad
+
+
+def test_attention_flops_are_causal_half_of_the_square(built):
+    par, g = built
+    full = 4 * 2048 * 2048 * 12288 / 8     # QK^T and PV over the full square, per rank
+    assert block_flops(g.blocks["layer.fwd"], KernelClass.ATTENTION) == pytest.approx(full / 2)
+
+
+def test_sequence_parallel_comm_volume(built):
+    # Korthikanti et al. sec. 4.2.2: SP replaces each all-reduce by an all-gather + reduce-scatter of
+    # the same s*b*h activation: forward 2 AG + 2 RS, backward 2 AG + 2 RS + 2 input re-gathers.
+    par, g = built
+    act = 2048 * 12288 * 2
+    assert comm_bytes(g.blocks["layer.fwd"]) == pytest.approx(4 * act)
+    assert comm_bytes(g.blocks["layer.bwd"]) == pytest.approx(6 * act)
+
+
+def test_without_sp_two_all_reduces_each_way(gpt3_175b):
+    par = ParallelConfig(tp=8, pp=8, gpus=1024, global_batch=1536, sequence_parallel=False).resolve(gpt3_175b)
+    g = build_step_graph(gpt3_175b, par)
+    for key in ("layer.fwd", "layer.bwd"):
+        colls = [op.collective.value for _, op in ops(g.blocks[key]) if op.kind is OpKind.COLLECTIVE]
+        assert colls == ["all_reduce", "all_reduce"]
+
+
+def test_full_recompute_replays_the_forward(gpt3_175b):
+    par = ParallelConfig(tp=8, pp=8, gpus=1024, global_batch=1536, recompute=Recompute.FULL).resolve(gpt3_175b)
+    g = build_step_graph(gpt3_175b, par)
+    assert block_flops(g.blocks["layer.recompute"]) == pytest.approx(block_flops(g.blocks["layer.fwd"]))
+    assert g.plan.recompute_layers == 12
+
+
+def test_gradient_buckets_cover_the_stage_parameters(built, gpt3_175b):
+    par, g = built
+    from comet.workload.memory import stage_params
+    st = g.stages[3]
+    total = sum(b.count * b.op.msg_bytes for b in st.grad_buckets)
+    assert total == pytest.approx(stage_params(gpt3_175b, par, 3) * 4)   # fp32 main grads
+    assert all(b.op.group_size == 16 and b.op.group_stride == 8 for b in st.grad_buckets)
+
+
+def test_model_flops_equal_korthikanti_formula(gpt3_175b):
+    B, L, s, h, V = 1536, 96, 2048, 12288, 51200
+    korthikanti = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert model_flops_per_step(gpt3_175b, B) == pytest.approx(korthikanti, rel=1e-3)
