@@ -98,7 +98,8 @@ def comm_records(doc: dict, source: str) -> list[CommRecord]:
 
 
 def parse_pytorch_et(doc: dict, source: str, rank: int) -> RankTrace:
-    """Timing-free graph: top-level ops of each thread (CPU, chained), collectives on a "comm" stream."""
+    """Timing-free graph: outermost operators of each thread (CPU, chained in id order = issue order),
+    collectives on a "comm" stream launched by their enclosing operator."""
     if not is_pytorch_et(doc):
         raise TraceError("not a PyTorch execution trace (no 'schema' and 'nodes')", path=source)
     rt = RankTrace(rank=rank, source=source, fmt="pytorch_et", pid=doc.get("pid"))
@@ -112,20 +113,25 @@ def parse_pytorch_et(doc: dict, source: str, rank: int) -> RankTrace:
     top_of: dict = {}
 
     def top(nid):
-        chain = []
-        while nid is not None and nid not in top_of and nid in by_id and by_id[nid]["parent"] not in roots:
-            chain.append(nid)
+        """Outermost operator ("aten::", "c10d::", ...: a '::' in the name) enclosing nid, or None;
+        record_function ranges ("## forward ##", "[param|...]") are transparent."""
+        path, found = [], None
+        while nid in by_id and nid not in roots and nid not in top_of:
+            path.append(nid)
+            if "::" in by_id[nid]["name"]:
+                found = nid
             nid = by_id[nid]["parent"]
-        result = top_of.get(nid, nid if nid in by_id else None)
-        for c in chain:
-            top_of[c] = result
+        above = top_of.get(nid)
+        result = above if above is not None else found
+        for p in path:
+            top_of[p] = result
         return result
 
     last_on_thread: dict = {}
     records = {r.et_id: r for r in comm_records(doc, source)}
     last_comm = None
     for n in sorted(nodes, key=lambda n: n["id"] if isinstance(n["id"], int) else -1):
-        if n["parent"] in roots and not n["name"].startswith(("##", _ROOT_PREFIX)):
+        if top(n["id"]) == n["id"]:
             nid = rt.add(f"r{rank}:e{n['id']}", Op(name=n["name"], kind=OpKind.CPU, rank=rank,
                                                   stream=f"cpu:{n['tid']}", duration_s=None))
             prev = last_on_thread.get(n["tid"])
