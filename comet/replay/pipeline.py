@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet.errors import GraphError
-from comet.replay.schedule import BWD, FWD, stage_tasks
+from comet.replay.schedule import FWD, all_stage_tasks
 
 
 @dataclass
@@ -44,13 +44,7 @@ def build_programs(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, 
     """f_dur / b_dur[stage, chunk]: task durations (send included); f_release[stage, chunk]: earliest
     start of the chunk's first forward."""
     per = 2 * m * vpp
-    phases, chunks, mbs = [], [], []
-    for s in range(pp):
-        p, c, mb = stage_tasks(schedule, pp, vpp, m, s)
-        phases.append(p)
-        chunks.append(c)
-        mbs.append(mb)
-    phase, chunk, mb = np.concatenate(phases), np.concatenate(chunks), np.concatenate(mbs)
+    phase, chunk, mb = (a.ravel() for a in all_stage_tasks(schedule, pp, vpp, m))
     stage = np.repeat(np.arange(pp), per)
     n = pp * per
     pos = np.empty((pp, 2, vpp, m), dtype=np.int64)          # (stage, phase, chunk, mb) -> global index

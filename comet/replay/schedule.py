@@ -1,9 +1,11 @@
-"""Pipeline schedules as per-stage task orders (phase, model chunk, micro-batch), generated with numpy.
+"""Pipeline schedules as per-stage task orders (phase, model chunk, micro-batch), generated with numpy
+for all stages at once.
 
 1F1B and interleaved 1F1B follow Megatron-LM `forward_backward_pipelining_without_interleaving` /
 `_with_interleaving` (Narayanan et al. SC21 sec. 2.2): stage s runs min(pp - s - 1, M) warm-up forwards
-(interleaved: (pp - s - 1) * 2 + (vpp - 1) * pp), then alternates one forward and one backward, then
-drains the remaining backwards. GPipe runs every forward, then every backward (Huang et al. 2019).
+(interleaved: (pp - s - 1) * 2 + (vpp - 1) * pp, capped at M * vpp), then alternates one forward and one
+backward, then drains the remaining backwards. GPipe runs every forward, then every backward (Huang et
+al. 2019).
 """
 
 from __future__ import annotations
@@ -13,25 +15,39 @@ import numpy as np
 FWD, BWD = 0, 1
 
 
-def stage_tasks(schedule: str, pp: int, vpp: int, m: int, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(phase, chunk, microbatch) arrays of length 2*m*vpp, in execution order on `stage`."""
+def warmups(schedule: str, pp: int, vpp: int, m: int) -> np.ndarray:
     total = m * vpp
-    k = np.arange(total)
+    s = np.arange(pp)
+    if schedule == "gpipe":
+        return np.full(pp, total)
     if schedule == "interleaved_1f1b" and vpp > 1:
-        group, in_group = np.divmod(k, pp * vpp)
+        return np.minimum((pp - s - 1) * 2 + (vpp - 1) * pp, total)
+    return np.minimum(pp - s - 1, total)
+
+
+def all_stage_tasks(schedule: str, pp: int, vpp: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase, chunk, microbatch) arrays of shape (pp, 2*m*vpp): row s is stage s's execution order."""
+    total = m * vpp
+    j = np.arange(2 * total)[None, :]
+    w = warmups(schedule, pp, vpp, m)[:, None]
+    # position j: warm-up forward j (j < w); steady pairs F(w + k/2), B(k/2) for k = j - w; drain B(j - total)
+    k = j - w
+    steady = (j >= w) & (j < 2 * total - w)
+    is_fwd = (j < w) | (steady & (k % 2 == 0))
+    index = np.where(j < w, j, np.where(steady, np.where(k % 2 == 0, w + k // 2, k // 2), j - total))
+    phase = np.where(is_fwd, FWD, BWD)
+    if schedule == "interleaved_1f1b" and vpp > 1:
+        group, in_group = np.divmod(index, pp * vpp)      # Megatron get_model_chunk_id / microbatch id
         f_chunk = in_group // pp
+        chunk = np.where(is_fwd, f_chunk, vpp - 1 - f_chunk)
         mb = group * pp + in_group % pp
-        b_chunk = vpp - 1 - f_chunk
-        warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
     else:
-        f_chunk = np.zeros(total, dtype=np.int64)
-        b_chunk = f_chunk
-        mb = k
-        warmup = total if schedule == "gpipe" else min(pp - stage - 1, total)
-    steady = total - warmup
-    # Interleave: warm-up forwards, then (forward warmup+i, backward i) pairs, then the drain.
-    phase = np.concatenate([np.zeros(warmup, np.int64), np.tile([FWD, BWD], steady), np.ones(warmup, np.int64)])
-    idx = np.concatenate([np.arange(warmup), np.stack([np.arange(warmup, total), np.arange(steady)], 1).ravel(),
-                          np.arange(steady, total)])
-    chunk = np.where(phase == FWD, f_chunk[idx], b_chunk[idx])
-    return phase, chunk, mb[idx]
+        chunk = np.zeros_like(index)
+        mb = index
+    return phase, chunk, mb
+
+
+def stage_tasks(schedule: str, pp: int, vpp: int, m: int, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase, chunk, microbatch) of one stage, in execution order."""
+    phase, chunk, mb = all_stage_tasks(schedule, pp, vpp, m)
+    return phase[stage], chunk[stage], mb[stage]

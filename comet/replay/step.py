@@ -122,7 +122,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
         gather_end[s] = clock
     prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     end = solve(prog)
-    tails = _tails(graph, prog, end, gather_end, t, blocks)
+    tails = _tails(graph, prog, end, gather_end, t, blocks, record=keep_block_replays)
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
     breakdown = _breakdown(prog, end, tails[crit], crit, f_parts, b_parts)
@@ -148,7 +148,10 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     return ready
 
 
-def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t, blocks) -> list[StageTail]:
+def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t, blocks,
+           record: bool = False) -> list[StageTail]:
+    """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
+    `record` (for the timeline)."""
     plan = graph.plan
     pp, m = plan.pp, plan.num_microbatches
     tails = []
@@ -163,12 +166,13 @@ def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t
             i = last_b_of_chunk[bs.chunk]
             ready.append(end[i] - prog.dur[i] + bucket_ready_offsets(graph, blocks, s, bs))
             durs.append(np.full(bs.count, t(bs.op)))
-            names += [f"{bs.op.name}[{k}]" for k in range(bs.count)]
+            if record:
+                names += [f"{bs.op.name}[{k}]" for k in range(bs.count)]
         ready_a = np.concatenate(ready) if ready else np.zeros(0)
         durs_a = np.concatenate(durs) if durs else np.zeros(0)
         order = np.argsort(ready_a, kind="stable")
         ends = _serial(ready_a[order], durs_a[order], gather_end[s])
-        dp_events = [(names[i], e - durs_a[i], e) for i, e in zip(order.tolist(), ends.tolist())]
+        dp_events = [(names[i], e - durs_a[i], e) for i, e in zip(order.tolist(), ends.tolist())] if record else []
         compute_end = float(end[hi - 1])
         tails.append(StageTail(compute_end, 0.0, 0.0, dp_events, end=float(ends[-1]) if len(ends) else gather_end[s]))
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
