@@ -1,0 +1,111 @@
+"""`comet validate [CSV] [--json OUT] [--fit] [--docs [MD]]`: predict published training measurements,
+print predicted vs measured per row and the error summary (MAPE, max error per source and metric,
+held-out rows). --fit first calibrates the cluster specs' efficiency parameters (one set per GPU type)
+and writes them into cluster_specs/*.yaml."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from comet.validate.runner import find_csv, repo_root, run_validation
+
+DEFAULT_DOCS = "docs/validation.md"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="compare predictions with published measurements",
+                              description=__doc__)
+    p.add_argument("csv", nargs="?", help="measurements CSV (default: ../shared/calibration/published.csv)")
+    p.add_argument("--json", metavar="OUT", help="write {rows, summary} as JSON")
+    p.add_argument("--fit", action="store_true",
+                   help="calibrate the efficiency parameters first and write them into cluster_specs/*.yaml")
+    p.add_argument("--no-write", action="store_true", help="with --fit: report the fit, leave the YAML alone")
+    p.add_argument("--docs", nargs="?", const="", metavar="MD",
+                   help=f"write the markdown report (default path {DEFAULT_DOCS}; always written after --fit)")
+    p.add_argument("--specs", metavar="DIR", help="cluster spec folder (default: the repository's cluster_specs)")
+    p.add_argument("--quiet", action="store_true", help="summary only, no per-row table")
+    p.set_defaults(func=run)
+
+
+def _err(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    colour = "green" if abs(x) <= 5 else ("yellow" if abs(x) <= 10 else "red")
+    return f"[{colour}]{x:+.1f}%[/{colour}]"
+
+
+def _num(x: float) -> str:
+    return "-" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:,.0f}")
+
+
+def _rows_table(val) -> Table:
+    t = Table(title=f"comet validate: {val.csv.name}", show_lines=False)
+    for col in ("#", "source", "model", "GPUs", "config", "metric", "measured", "predicted", "error", "hold"):
+        t.add_column(col, justify="right" if col in ("#", "GPUs", "measured", "predicted", "error") else "left")
+    for p in val.predictions:
+        c = p.case
+        label = c.profile.label if c.profile.match else c.source[:24]
+        err = _err(p.error_pct) if p.status == "ok" else f"[dim]{p.status}: {p.reason}[/dim]"
+        t.add_row(str(c.index), label, c.row.get("model", "")[:30], c.row.get("num_gpus", ""), p.label or "-",
+                  c.metric, _num(c.value), _num(p.predicted), err, "H" if c.held_out else "")
+    return t
+
+
+def _summary_table(summary: dict) -> Table:
+    t = Table(title="error summary (MAPE = mean |predicted - measured| / measured)")
+    for col in ("group", "n", "MAPE", "max |error|", "bias"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+
+    def add(name, s, style=None):
+        if s.n:
+            t.add_row(name, str(s.n), f"{s.mape:.2f}%", f"{s.max_abs:.1f}%", f"{s.mean:+.2f}%", style=style)
+
+    add("all modelled rows", summary["overall"], "bold")
+    add("fitted rows", summary["fitted_rows"])
+    add("held-out rows", summary["held_out"], "bold")
+    for key, prefix in (("by_source", "source"), ("by_metric", "metric"), ("by_source_metric", "")):
+        t.add_section()
+        for name, s in summary[key].items():
+            add(f"{prefix}: {name}" if prefix else name, s)
+    return t
+
+
+def run(args) -> int:
+    console = Console()
+    csv = find_csv(args.csv)
+    specs = Path(args.specs) if args.specs else repo_root() / "cluster_specs"
+    fits = None
+    command = "comet validate" + (" --fit" if args.fit else "")
+    if args.fit:
+        from comet.validate.calibrate import fit_all, write_fit
+        from comet.validate.rows import load_cases
+        fits = fit_all(load_cases(csv), specs)
+        for fit in fits:
+            console.print(f"[bold]fit {fit.cluster_file}[/bold]: {fit.train_rows} rows "
+                          f"({fit.held_out_rows} held out), loss {fit.loss_start:.4f} -> {fit.loss_end:.4f}, "
+                          f"{fit.evaluations} evaluations")
+            for k, v in fit.values.items():
+                note = "" if fit.sensitive[k] else "  [dim](not constrained by these rows: prior kept)[/dim]"
+                console.print(f"  {k:45s} {fit.start[k]:>10.4g} -> {v:<10.4g}{note}")
+            if not args.no_write:
+                console.print(f"  written to {write_fit(fit, specs, csv.name, command)}")
+    val = run_validation(csv, specs)
+    if not args.quiet:
+        console.print(_rows_table(val))
+    console.print(_summary_table(val.summary))
+    c = val.summary["counts"]
+    console.print(f"{c['ok']} predicted, {c['skipped']} skipped, {c['infeasible']} infeasible")
+    if args.json:
+        val.write_json(args.json)
+        console.print(f"JSON written to {args.json}")
+    if args.docs or args.docs == "" or (args.fit and not args.no_write):
+        from comet.validate.report import render
+        path = Path(args.docs) if args.docs else repo_root() / DEFAULT_DOCS
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(val, specs, command, fits))
+        console.print(f"report written to {path}")
+    return 0

@@ -1,0 +1,301 @@
+"""Fit the cluster specs' physical efficiency parameters to the published measurements.
+
+One parameter set per GPU type (never per model or per row). Each parameter has a physical meaning,
+bounds that keep it physically plausible, and a prior centre taken from a published hardware fact
+(calibration/README.md "Hardware facts"); the fit minimises
+
+    mean over fitted rows |ln(predicted / measured)|  +  PRIOR_WEIGHT * sum(((x - x0) / (hi - lo))^2)
+
+by a deterministic bounded coordinate search (no scipy in the environment), starting from the prior.
+Every third modelled row of each source is held out and reported separately.
+
+    python -m comet.validate.calibrate [CSV] [--no-write]     (same as `comet validate --fit`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from dataclasses import dataclass, replace
+from datetime import date
+from pathlib import Path
+
+from comet.config.cluster import ClusterSpec, load_cluster
+from comet.validate.predict import ClusterCache, Prediction, predict
+from comet.validate.rows import Case
+
+PRIOR_WEIGHT = 0.05      # a parameter moved by half its range costs as much as 1.25% mean error
+MIN_STEP = 1 / 256       # coordinate-search resolution, as a fraction of each parameter's range
+
+
+@dataclass(frozen=True)
+class Param:
+    key: str                 # "efficiency.gemm" or "network.<dim name>.<field>"
+    lo: float
+    hi: float
+    meaning: str
+    log: bool = False        # searched on a log scale (sizes in bytes)
+
+    def to_unit(self, x: float) -> float:
+        if self.log:
+            return (math.log(x) - math.log(self.lo)) / (math.log(self.hi) - math.log(self.lo))
+        return (x - self.lo) / (self.hi - self.lo)
+
+    def from_unit(self, u: float) -> float:
+        u = min(1.0, max(0.0, u))
+        if self.log:
+            return math.exp(math.log(self.lo) + u * (math.log(self.hi) - math.log(self.lo)))
+        return self.lo + u * (self.hi - self.lo)
+
+
+# Bounds: GEMM 0.6-0.9 of dense peak and NCCL bus efficiency 0.6-0.95 (project brief); flash attention
+# 30-75% of peak (FlashAttention-2/3 papers: 35-75% on A100/H100); elementwise kernels 60-92% of HBM
+# bandwidth (STREAM-like copy on HBM2e/HBM3); launch + tail 1-12 us per kernel.
+PARAMS: tuple[Param, ...] = (
+    Param("efficiency.gemm", 0.60, 0.90, "large-GEMM fraction of dense tensor peak"),
+    Param("efficiency.gemm_k_half", 16, 1024, "reduction length k at which a GEMM tile loop reaches half "
+          "of `gemm` (prologue/epilogue cost per tile)", log=True),
+    Param("efficiency.attention_fwd", 0.30, 0.75, "flash-attention forward fraction of peak"),
+    Param("efficiency.attention_bwd", 0.25, 0.65, "flash-attention backward fraction of peak"),
+    Param("efficiency.memory_bound", 0.60, 0.92, "fraction of HBM bandwidth reached by elementwise kernels"),
+    Param("efficiency.kernel_overhead_us", 1.0, 12.0, "launch + tail cost per kernel, microseconds"),
+    Param("efficiency.overlap_slowdown", 0.0, 0.30, "compute slowdown while a collective is in flight "
+          "(SMs and HBM taken by NCCL kernels)"),
+    Param("network.nvlink.bus_efficiency", 0.60, 0.95, "NVLink ring bus bandwidth / link rate, large messages"),
+    Param("network.nvlink.half_efficiency_bytes", 2.5e5, 3.2e7, "NVLink message size reaching half of the "
+          "bus efficiency (latency-bound below)", log=True),
+    Param("network.infiniband.bus_efficiency", 0.60, 0.95, "InfiniBand bus bandwidth / NIC line rate"),
+    Param("network.infiniband.half_efficiency_bytes", 5e5, 6.4e7, "InfiniBand message size reaching half of "
+          "the bus efficiency", log=True),
+)
+
+# Prior centres and start points: published measurements (calibration/README.md "Hardware facts").
+PRIORS: dict[str, dict[str, float]] = {
+    "h100_dgx.yaml": {
+        "efficiency.gemm": 0.80,                 # ~790-800 TFLOP/s at 8192^3 BF16 of 989.4
+        "efficiency.gemm_k_half": 128,
+        "efficiency.attention_fwd": 0.60,        # FlashAttention-3 / cuDNN fused attention fwd on H100
+        "efficiency.attention_bwd": 0.45,
+        "efficiency.memory_bound": 0.85,
+        "efficiency.kernel_overhead_us": 4.0,
+        "efficiency.overlap_slowdown": 0.10,
+        "network.nvlink.bus_efficiency": 0.82,   # ~370 GB/s ring bus bandwidth of 450 (nccl-tests#212)
+        "network.nvlink.half_efficiency_bytes": 2.0e6,
+        "network.infiniband.bus_efficiency": 0.94,   # 46-49 GB/s per 400 Gb/s NIC (nccl-tests#290, #267)
+        "network.infiniband.half_efficiency_bytes": 4.0e6,
+    },
+    "a100_dgx.yaml": {
+        "efficiency.gemm": 0.83,                 # ~260 TFLOP/s cuBLAS FP16/BF16 large GEMM of 312
+        "efficiency.gemm_k_half": 128,
+        "efficiency.attention_fwd": 0.65,        # FlashAttention-2 on A100 (not exercised: rows are unfused)
+        "efficiency.attention_bwd": 0.50,
+        "efficiency.memory_bound": 0.85,
+        "efficiency.kernel_overhead_us": 4.0,
+        "efficiency.overlap_slowdown": 0.10,
+        "network.nvlink.bus_efficiency": 0.78,   # ~235 GB/s ring all-reduce bus bandwidth of 300 on DGX A100
+        "network.nvlink.half_efficiency_bytes": 8.0e6,
+        "network.infiniband.bus_efficiency": 0.92,   # ~23 GB/s per HDR 200 Gb/s NIC
+        "network.infiniband.half_efficiency_bytes": 1.6e7,
+    },
+}
+
+
+# ------------------------------------------------------------------------------------ spec editing
+def get_value(cluster: ClusterSpec, key: str) -> float:
+    parts = key.split(".")
+    if parts[0] == "efficiency":
+        return float(getattr(cluster.efficiency, parts[1]))
+    dim = next(d for d in cluster.network if d.name == parts[1])
+    return float(getattr(dim, parts[2]))
+
+
+def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
+    eff = {k.split(".")[1]: v for k, v in values.items() if k.startswith("efficiency.")}
+    net = {}
+    for k, v in values.items():
+        if k.startswith("network."):
+            _, name, fld = k.split(".")
+            net.setdefault(name, {})[fld] = v
+    network = tuple(replace(d, **net[d.name]) if d.name in net else d for d in cluster.network)
+    return cluster.with_changes(efficiency=replace(cluster.efficiency, **eff), network=network)
+
+
+# ------------------------------------------------------------------------------------------- the fit
+@dataclass
+class FitResult:
+    cluster_file: str
+    values: dict[str, float]
+    start: dict[str, float]
+    train_rows: int
+    held_out_rows: int
+    loss_start: float
+    loss_end: float
+    evaluations: int
+    sensitive: dict[str, bool]     # whether the fitted rows constrain each parameter at all
+
+
+def _log_error(preds: list[Prediction]) -> float:
+    errs = [abs(math.log(p.predicted / p.case.value)) for p in preds if p.status == "ok" and p.predicted > 0]
+    return sum(errs) / len(errs) if errs else 0.0
+
+
+def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResult:
+    rows = [c for c in cases if c.cluster_file == cluster_file and not c.skip_reason and not c.held_out]
+    prior = PRIORS[cluster_file]
+    params = [p for p in PARAMS if p.key in prior]
+    u0 = [p.to_unit(prior[p.key]) for p in params]
+    evals = 0
+
+    def loss(u: list[float]) -> float:
+        nonlocal evals
+        evals += 1
+        values = {p.key: p.from_unit(x) for p, x in zip(params, u)}
+        cache = ClusterCache(".", {cluster_file: with_values(base, values)})
+        preds = [predict(c, cache) for c in rows]
+        if any(p.status != "ok" for p in preds):
+            return math.inf
+        penalty = sum((x - x0) ** 2 for x, x0 in zip(u, u0))
+        return _log_error(preds) + PRIOR_WEIGHT * penalty
+
+    u = list(u0)
+    best = start = loss(u)
+    sensitive = {}
+    for i, p in enumerate(params):   # does the data see this parameter at all?
+        probe = list(u0)
+        probe[i] = min(1.0, u0[i] + 0.1) if u0[i] < 0.9 else u0[i] - 0.1
+        sensitive[p.key] = abs(loss(probe) - PRIOR_WEIGHT * 0.01 - start) > 1e-9
+    step = 0.25
+    while step >= MIN_STEP:
+        improved = False
+        for i, p in enumerate(params):
+            if not sensitive[p.key]:
+                continue
+            for d in (step, -step):
+                trial = list(u)
+                trial[i] = min(1.0, max(0.0, u[i] + d))
+                if trial[i] == u[i]:
+                    continue
+                val = loss(trial)
+                if val < best - 1e-9:
+                    u, best, improved = trial, val, True
+                    break
+        if not improved:
+            step /= 2
+    values = {p.key: _round(p.from_unit(x)) for p, x in zip(params, u)}
+    held = sum(1 for c in cases if c.cluster_file == cluster_file and not c.skip_reason and c.held_out)
+    return FitResult(cluster_file, values, {p.key: prior[p.key] for p in params}, len(rows), held, start, best,
+                     evals, sensitive)
+
+
+def _round(x: float) -> float:
+    if x == 0:
+        return 0.0
+    return float(f"{x:.3g}")
+
+
+# ------------------------------------------------------------------------------------ YAML writing
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1e4 else f"{x:.3g}".replace("e+0", "e").replace("e+", "e")
+
+
+def _replace_key(lines: list[str], start: int, end: int, key: str, value: float, note: str) -> bool:
+    pat = re.compile(rf"^(\s+){re.escape(key)}:\s*([^#\n]*?)(\s*#\s*(.*))?$")
+    for i in range(start, end):
+        m = pat.match(lines[i])
+        if m:
+            old_comment = m.group(4) or ""
+            old_comment = re.sub(r"^fit [^;]*; ", "", old_comment)
+            comment = f"fit {note}" + (f"; {old_comment}" if old_comment else "")
+            lines[i] = f"{m.group(1)}{key}: {_fmt(value)}  # {comment}"
+            return True
+    return False
+
+
+def _block(lines: list[str], header: re.Pattern) -> tuple[int, int]:
+    """[start, end) of the lines under the first line matching `header`: up to the next top-level key
+    or the next list item."""
+    for i, line in enumerate(lines):
+        if header.match(line):
+            j = i + 1
+            while j < len(lines):
+                s = lines[j]
+                body = s.strip()
+                if body and not body.startswith("#") and (not s.startswith(" ") or body.startswith("- ")):
+                    break
+                j += 1
+            return i + 1, j
+    return -1, -1
+
+
+def write_values(path: Path, values: dict[str, float], note: str, header: list[str]) -> None:
+    """Set the fitted keys in a cluster spec YAML in place (comments and other keys are kept), and put
+    `header` (comment lines) right above `efficiency:`."""
+    lines = path.read_text().splitlines()
+    for key, value in values.items():
+        parts = key.split(".")
+        if parts[0] == "efficiency":
+            lo, hi = _block(lines, re.compile(r"^efficiency:\s*$"))
+            fld = parts[1]
+        else:
+            lo, hi = _block(lines, re.compile(rf"^\s*-\s*name:\s*{re.escape(parts[1])}\b"))
+            fld = parts[2]
+        if lo < 0:
+            raise ValueError(f"{path}: no block for {key}")
+        if not _replace_key(lines, lo, hi, fld, value, note):
+            indent = "  " if parts[0] == "efficiency" else "    "
+            lines.insert(hi, f"{indent}{fld}: {_fmt(value)}  # fit {note}")
+    eff = next(i for i, s in enumerate(lines) if re.match(r"^efficiency:\s*$", s))
+    top = eff
+    while top > 0 and lines[top - 1].startswith(("# Calibrated", "#   ")):
+        top -= 1
+    lines[top:eff] = header
+    path.write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------------------- driver
+def fit_all(cases: list[Case], specs_dir: Path) -> list[FitResult]:
+    files = sorted({c.cluster_file for c in cases if not c.skip_reason and c.cluster_file in PRIORS})
+    return [fit_gpu(cases, load_cluster(specs_dir / f), f) for f in files]
+
+
+def header_lines(fit: FitResult, csv_name: str, command: str) -> list[str]:
+    today = date.today().isoformat()
+    return [f"# Calibrated {today} by `{command}` against {csv_name}: {fit.train_rows} fitted rows on this GPU,",
+            f"#   {fit.held_out_rows} held out (every 3rd modelled row of each source); mean |ln error| "
+            f"{fit.loss_start:.3f} -> {fit.loss_end:.3f} (with prior).",
+            "#   Keys marked 'fit' were fitted within physical bounds around published hardware facts",
+            "#   (comet/validate/calibrate.py PARAMS / PRIORS); docs/validation.md lists them and their meaning."]
+
+
+def write_fit(fit: FitResult, specs_dir: Path, csv_name: str, command: str) -> Path:
+    path = specs_dir / fit.cluster_file
+    changed = {k: v for k, v in fit.values.items() if fit.sensitive.get(k)}
+    write_values(path, changed, date.today().isoformat(), header_lines(fit, csv_name, command))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from comet.validate.rows import load_cases
+    from comet.validate.runner import default_csv, repo_root
+    ap = argparse.ArgumentParser(prog="python -m comet.validate.calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="?", help="published measurements (default: ../shared/calibration/published.csv)")
+    ap.add_argument("--no-write", action="store_true", help="print the fitted values, leave the YAML files alone")
+    args = ap.parse_args(argv)
+    csv_path = Path(args.csv) if args.csv else default_csv()
+    specs = repo_root() / "cluster_specs"
+    cases = load_cases(csv_path)
+    for fit in fit_all(cases, specs):
+        print(f"{fit.cluster_file}: loss {fit.loss_start:.4f} -> {fit.loss_end:.4f} in {fit.evaluations} evaluations")
+        for k, v in fit.values.items():
+            flag = "" if fit.sensitive[k] else "   (not constrained by these rows: kept at prior)"
+            print(f"  {k:45s} {fit.start[k]:>10.4g} -> {v:<10.4g}{flag}")
+        if not args.no_write:
+            print(f"  written to {write_fit(fit, specs, csv_path.name, 'python -m comet.validate.calibrate')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
