@@ -70,10 +70,6 @@ def collective_from_kernel(name: str) -> tuple[OpKind, Collective | None] | None
     return collective_from_name(word)
 
 
-def is_nccl_kernel(name: str) -> bool:
-    return name.startswith(("ncclKernel", "ncclDevKernel")) or "nccl" in name.lower()[:12]
-
-
 # c10 ScalarType names (Kineto `dtype` arg, ET tensor types) -> bytes per element.
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,

@@ -20,7 +20,7 @@ import math
 import re
 
 from comet.errors import TraceError
-from comet.graph.ir import DepKind, KernelClass, Op, OpKind
+from comet.graph.ir import Collective, DepKind, KernelClass, Op, OpKind
 from comet.trace.common import (RankTrace, collective_from_kernel, collective_from_name, dtype_bytes,
                                 msg_bytes_of, parse_rank_list, stride_of)
 
@@ -293,7 +293,6 @@ class _Builder:
         kinds = kinds or collective_from_kernel(name) or (OpKind.COLLECTIVE, None)
         kind, coll = kinds
         if kind is OpKind.COLLECTIVE and coll is None:
-            from comet.graph.ir import Collective
             coll = Collective.ALL_TO_ALL      # bare SendRecv kernel: PyTorch < 2.2 all_to_all
         group = str(args.get("Process Group Name", "0"))
         ranks = parse_rank_list(args.get("Process Group Ranks")) or rt.group_ranks.get(group, ())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import networkx as nx
 
 from comet.errors import GraphError, TraceError
-from comet.graph.ir import Collective, OpKind, check_acyclic
+from comet.graph.ir import OpKind, check_acyclic
 from comet.trace.common import RankTrace, collective_from_name, msg_bytes_of
 from comet.trace.pytorch_et import CommRecord
 
@@ -168,5 +168,3 @@ def link(traces: list[RankTrace], where: str = "trace") -> nx.DiGraph:
     match_collectives(traces)
     return build_graph(traces, where)
 
-
-__all__ = ["check_rank_set", "apply_et_sizes", "match_collectives", "build_graph", "link", "Collective"]

@@ -29,8 +29,7 @@ def test_attr_round_trip(value):
 
 def test_real_chakra_et(traces, counts):
     expect = counts["chakra_et/feeder_tests_trace.tar.gz::tests/data/chakra.0.et"]
-    data = None
-    import io
+
     import tarfile
     with tarfile.open(traces / "chakra_et/feeder_tests_trace.tar.gz") as tar:
         data = tar.extractfile("tests/data/chakra.0.et").read()
