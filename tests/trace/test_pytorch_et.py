@@ -52,3 +52,24 @@ def test_schema_102_allgather(traces):
 def test_simple_add_et_alone_has_no_timings(traces):
     g = load_trace(traces / "single_gpu/benchmark_simple_add_et.json.gz")
     assert g.number_of_nodes() >= 1 and all(op.duration_s is None for _, op in ops(g))
+
+
+def test_et_that_does_not_match_the_kineto_step(traces, tmp_path):
+    import pytest
+
+    from comet.errors import TraceError
+    kineto = traces / "multi_rank_dlrm_8xV100/dlrm_kineto.tar.gz::dlrm_kineto/worker0_step_12.1694128201545.pt.trace.json"
+    doc = _dlrm_et(traces, 0)
+    doc["nodes"] = [n for n in doc["nodes"] if not (n["name"] == "record_param_comms" and n["id"] == 727)]
+    et = tmp_path / "dlrm_eg_0.json"
+    et.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"dlrm_eg_0\.json: execution trace has 7 collectives but the Kineto "
+                                         r"trace .* has 8"):
+        load_trace([str(kineto), et])
+    doc = _dlrm_et(traces, 0)
+    for n in doc["nodes"]:
+        if n["id"] == 727:
+            n["inputs"][4] = "allreduce"          # first collective: all_to_allv in Kineto
+    et.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"collective #0: execution trace says allreduce but .* has all_to_all"):
+        load_trace([str(kineto), et])
