@@ -6,6 +6,7 @@ with their sources there). One formula per function:
     nodes          = ceil(gpus / gpus_per_chassis)
     capex          = gpus * gpu_usd + nodes * node_usd
                      + sum_d gpus * bandwidth_d[GB/s] * price_d[USD per GB/s per GPU] / oversubscription_d
+                       (the scale-up dimension only where its domain spans more than one chassis)
                      + gpus * hbm_GB * hbm_usd_per_GB + gpus * expansion_GB * expansion_usd_per_GB
     power          = gpus * gpu_W + nodes * node_overhead_W + gpus * network_W_per_gpu
                      + gpus * expansion_GB * expansion_W_per_GB
@@ -35,13 +36,18 @@ def expansion_GB(cluster: ClusterSpec) -> float:
     return cluster.memory_expansion.capacity_GB if cluster.memory_expansion else 0.0
 
 
-def network_usd(cluster: ClusterSpec, gpus: int) -> float:
-    """Per network dimension: price per GB/s per GPU times the link rate. An oversubscribed fabric
-    (ratio r) is charged 1/r of it, a first-order model of fewer upper-tier switch ports."""
+def network_usd(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None) -> float:
+    """Per network dimension: price per GB/s per GPU times the link rate. The innermost (scale-up)
+    dimension is charged only where its domain extends beyond one chassis: in-chassis NVLink is part of
+    node_usd. An oversubscribed fabric (ratio r) is charged 1/r, a first-order model of fewer
+    upper-tier switch ports."""
     prices = cluster.cost.network_usd_per_GBps
+    chassis = gpus_per_chassis or cluster.gpus_per_node
     total = 0.0
     for i, dim in enumerate(cluster.network):
         price = prices[i] if i < len(prices) else 0.0
+        if i == 0 and len(cluster.network) > 1 and 0 < dim.size <= chassis:
+            continue
         total += gpus * dim.bandwidth_GBps * price / dim.oversubscription
     return total
 
@@ -50,7 +56,7 @@ def capex_usd(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = No
     """Purchase price of the cluster: GPUs, chassis, network by dimension, HBM and expansion memory."""
     c = cluster.cost
     nodes = node_count(gpus, gpus_per_chassis or cluster.gpus_per_node)
-    return (gpus * c.gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus)
+    return (gpus * c.gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus, gpus_per_chassis)
             + gpus * cluster.gpu.hbm_GB * c.hbm_usd_per_GB + gpus * expansion_GB(cluster) * c.expansion_usd_per_GB)
 
 

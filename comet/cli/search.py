@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError(f"must be >= 1, got {value}", field=f"--{flag}")
     space = load_space(args.space)
-    console = Console(stderr=False)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)   # piped or logged: wide enough for the Pareto table
     progress = _RichProgress(console) if console.is_terminal else DriverProgress()
     opts = RunOptions(out=Path(args.out) if args.out else None, executor=args.executor, workers=args.workers,
                       address=args.address, trials=args.trials, seed=args.seed, chunk_size=args.chunk,
@@ -90,8 +92,9 @@ def _print_outcome(console: Console, outcome, space) -> None:
     console.print(f"evaluated {outcome.evaluated_now} now + {outcome.resumed} resumed; results: "
                   + ", ".join(f"{k} {v}" for k, v in status.items()) + f"; {outcome.wall_s:.1f} s")
     if not outcome.front.empty:
-        cols = ["gpus", "label"] + [o.column for o in space.objectives if o.column not in ("gpus",)]
-        extra = [c for c in ("expansion_GB", "scaleup_size", "scaleout_bandwidth_GBps") if c in outcome.front]
+        from comet.search.analysis import cluster_columns
+        cols = ["gpus", "label", "offload"] + [o.column for o in space.objectives if o.column not in ("gpus",)]
+        extra = [c for c in cluster_columns(outcome.frame) if c != "gpus"]
         table = Table(title=f"Pareto set ({len(outcome.front)} designs)")
         for c in extra + cols:
             table.add_column(c, justify="right" if c != "label" else "left")

@@ -35,6 +35,18 @@ def best_per_cluster(df: pd.DataFrame) -> pd.DataFrame:
     return ok.loc[idx.values].sort_values(TIME)
 
 
+def spread_by_gpus(df: pd.DataFrame) -> dict[int, float]:
+    """At each GPU count: best time-to-train of the worst cluster configuration / of the best."""
+    best = best_per_cluster(df)
+    if best.empty or "gpus" not in best:
+        return {}
+    out = {}
+    for gpus, g in best.groupby("gpus"):
+        if len(g) > 1:
+            out[int(gpus)] = g[TIME].max() / g[TIME].min()
+    return out
+
+
 def spread(df: pd.DataFrame) -> dict | None:
     """Best time-to-train of the best and of the worst cluster configuration, and their ratio."""
     best = best_per_cluster(df)
@@ -95,10 +107,10 @@ def group_span(kind: str, row: pd.Series) -> int:
     return {"tp": tp, "cp": tp * cp, "dp": tp * cp * dp, "pp": tp * cp * dp * pp}[kind]
 
 
-def bound_of(row: pd.Series, scaleup_size: int) -> str:
-    """The resource a design's step time is bound by: the largest of compute (and optimizer), exposed
-    communication on the scale-up or the scale-out tier (a group stays in the scale-up domain when it
-    spans no more GPUs than the domain holds), offload traffic (expansion bandwidth) and bubble."""
+def resource_times(row: pd.Series, scaleup_size: int) -> dict[str, float]:
+    """Step time by resource: compute (and optimizer), exposed communication on the scale-up or the
+    scale-out tier (a group stays in the scale-up domain when it spans no more GPUs than the domain
+    holds), offload traffic (expansion bandwidth) and pipeline bubble."""
     size = int(row.get("scaleup_size") or scaleup_size or 1)
     parts = dict.fromkeys(RESOURCES, 0.0)
     parts["compute"] = _v(row, "breakdown.compute") + _v(row, "breakdown.optimizer")
@@ -107,7 +119,35 @@ def bound_of(row: pd.Series, scaleup_size: int) -> str:
         parts[tier] += _v(row, f"breakdown.exposed_{kind}")
     parts["expansion bandwidth"] = _v(row, "breakdown.offload")
     parts["pipeline bubble"] = _v(row, "breakdown.pipeline_bubble")
+    return parts
+
+
+def bound_of(row: pd.Series, scaleup_size: int) -> str:
+    """The resource with the largest share of the step time."""
+    parts = resource_times(row, scaleup_size)
     return max(parts, key=parts.get)
+
+
+def largest_overhead(row: pd.Series, scaleup_size: int) -> tuple[str, float]:
+    """The largest non-compute resource and its fraction of the step time."""
+    parts = resource_times(row, scaleup_size)
+    parts.pop("compute")
+    name = max(parts, key=parts.get)
+    total = _v(row, "step_time_s") or sum(resource_times(row, scaleup_size).values()) or 1.0
+    return name, parts[name] / total
+
+
+def cluster_tag(row: pd.Series) -> str:
+    """Short cluster name for plot labels: 4096g x512@200 su32 so100."""
+    parts = [f"{int(row['gpus'])}g"]
+    if "expansion_GB" in row and not pd.isna(row["expansion_GB"]) and row["expansion_GB"] > 0:
+        bw = row.get("expansion_bandwidth_GBps")
+        parts.append(f"x{row['expansion_GB']:g}" + (f"@{bw:g}" if bw is not None and not pd.isna(bw) else ""))
+    for col, short in (("hbm_GB", "hbm"), ("scaleup_size", "su"), ("scaleup_bandwidth_GBps", "suBW"),
+                       ("scaleout_bandwidth_GBps", "so"), ("compute_scale", "cs")):
+        if col in row and not pd.isna(row[col]):
+            parts.append(f"{short}{row[col]:g}")
+    return " ".join(parts)
 
 
 def memory_limited(row: pd.Series, hbm_GB: float) -> bool:

@@ -54,9 +54,15 @@ def _precheck_fn(ctx: EvalContext):
 
 
 def memory_category(reason: str) -> str:
-    """Group precheck reasons: memory fit vs a rule precheck found (it also checks divisibility)."""
+    """Group precheck reasons (it checks rules, then memory fit; see comet/workload/memory.py)."""
     text = reason.lower()
-    return "memory" if any(w in text for w in ("memory", "fit", " gb", "hbm", "capacity")) else "precheck"
+    if "needs a memory expansion tier" in text:
+        return "offload without expansion tier"
+    if "but it holds" in text:
+        return "memory (expansion capacity)"
+    if "hbm" in text or "memory" in text or " gb" in text:
+        return "memory (HBM)"
+    return "rule precheck"
 
 
 class CandidateFactory:

@@ -70,6 +70,9 @@ def build_context(space: SearchSpace, opts: RunOptions) -> tuple[EvalContext, st
         model = load_model(space.model)
     except ConfigError as exc:
         raise ConfigError(str(exc), source=space.source) if exc.source is None else exc from None
+    if not Path(space.cluster_spec).is_file():
+        raise ConfigError(f"cluster spec not found: {space.cluster_spec} (relative paths are looked up next to "
+                          "the space file, then in the working folder)", source=space.source, field="cluster.spec")
     cluster = load_cluster(space.cluster_spec)
     if space.cost:
         merged = {**dataclasses.asdict(cluster.cost), **space.cost}
@@ -94,6 +97,10 @@ def build_base(space: SearchSpace, model) -> Any:
         return import_trace(space.base.trace)
     if space.base.build is None:
         return None
+    try:
+        import comet.transform  # noqa: F401 - evaluate() rescales the base graph with it
+    except ImportError:
+        return None   # transformations not available yet: evaluate() builds each candidate's graph
     from comet.workload.builder import build_step_graph
     params = dict(space.base.build)
     gpus_axis = next((a for a in space.provision if a.short == "gpus" and a.is_grid), None)
@@ -118,6 +125,7 @@ class _State:
     def __init__(self, journal: res_io.Journal, fingerprint: str, progress: Progress):
         self.journal, self.fingerprint, self.progress = journal, fingerprint, progress
         self.done = {k: r for k, r in journal.load().items() if r.get("fp") == fingerprint}
+        self.from_journal = frozenset(self.done)
         self.evaluated_now = 0
         self.resumed = 0
         self.rows: dict[str, dict] = {}
@@ -228,10 +236,13 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
         asks += len(asked)
         todo: dict[str, Candidate] = {}
         for _, out_ in asked:
-            if isinstance(out_, Candidate) and out_.key not in state.done:
-                todo.setdefault(out_.key, out_)
-            elif isinstance(out_, Candidate):
-                state.resumed += 1
+            if not isinstance(out_, Candidate):
+                continue
+            if out_.key in state.done or out_.key in todo:   # proposed again: told the known result
+                state.resumed += out_.key in state.from_journal
+                factory.stats.duplicates += out_.key not in state.from_journal
+            else:
+                todo[out_.key] = out_
         pending = list(todo.values())
         size = max(1, len(pending) // max(1, executor.capacity))
         for i in range(0, len(pending), size):
@@ -282,7 +293,8 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
 
 def _write_timelines(space, ctx, state: _State, front: pd.DataFrame, out: Path) -> list[Path]:
     paths = []
-    for rank, key in enumerate(front["key"].head(space.timelines), start=1):
+    distinct = front.drop_duplicates(subset=[o.column for o in space.objectives])
+    for rank, key in enumerate(distinct["key"].head(space.timelines), start=1):
         cand = candidate_from_record(state.done[key])
         result = evaluate_candidate(ctx, cand, timeline=True)
         if result.timeline:

@@ -1,7 +1,8 @@
 """Optuna through ask/tell: trials are asked in fixed-size rounds, evaluated by any executor, and told
 in ask order, so a study gives the same trials with the serial and the Ray executor. Infeasibility
-(a broken rule, no memory fit, a blown budget) is told as a constraint (`user_attrs["constraint"]`,
-read by the sampler's constraints_func), never as a failed trial. Stored in results/<study>/optuna.db.
+(a broken rule, no memory fit, a blown budget) is told as a constraint (`trial.set_constraint`, which
+Optuna 5's TPE and NSGA-II samplers read in place of the deprecated constraints_func), never as a
+failed trial. Stored in results/<study>/optuna.db.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from comet.search.candidates import CandidateFactory, Pruned
 from comet.search.context import Candidate
@@ -22,16 +23,10 @@ from comet.search.space import Axis, Direction, Method, SearchSpace
 _WORST = 1e30
 
 
-def constraints_of(trial: FrozenTrial) -> tuple[float]:
-    """constraints_func: <= 0 feasible, > 0 infeasible (Optuna's convention)."""
-    return (float(trial.user_attrs.get("constraint", 1.0)),)
-
-
 def make_sampler(method: Method, seed: int) -> optuna.samplers.BaseSampler:
     if method is Method.OPTUNA_NSGA2:
-        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints_of)
-    return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints_of, multivariate=True,
-                                      warn_independent_sampling=False)
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True)
 
 
 def suggest(trial: optuna.Trial, axis: Axis) -> Any:
@@ -74,7 +69,7 @@ class OptunaProposer:
 
     def tell(self, trial: optuna.Trial, row: dict | None, violation: float, reason: str = "") -> None:
         """Tell a finished trial; `row` is the flat result row (None for a pruned candidate)."""
-        trial.set_user_attr("constraint", violation)
+        trial.set_constraint("violation", violation)   # <= 0 feasible, > 0 infeasible (Optuna's convention)
         if row is None:
             trial.set_user_attr("pruned", True)
         if reason:

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from comet.result import BREAKDOWN_KEYS  # noqa: E402
+from comet.search.analysis import cluster_tag  # noqa: E402
 from comet.search.space import SearchSpace  # noqa: E402
 
 
@@ -78,10 +79,11 @@ def _heatmap(ok: pd.DataFrame, path: Path) -> Path | None:
 
 def _breakdown(rows: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10) -> Path:
     first = space.objectives[0]
-    rows = rows.sort_values(first.column, ascending=first.direction.value == "min").head(top)
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
+    rows = rows.sort_values(first.column, ascending=first.direction.value == "min")
+    rows = rows.drop_duplicates(subset=[o.column for o in space.objectives]).head(top)
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(rows) + 2.5))
     left = np.zeros(len(rows))
-    labels = [f"{r.gpus}g {r.label}" for r in rows.itertuples()]
+    labels = [f"{cluster_tag(r)}  {r['label']}" for _, r in rows.iterrows()]
     for i, key in enumerate(BREAKDOWN_KEYS):
         col = f"breakdown.{key}"
         if col not in rows:
@@ -92,8 +94,8 @@ def _breakdown(rows: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("step time (s)")
-    ax.legend(fontsize=7, ncol=4, loc="lower right")
-    ax.set_title(f"step-time breakdown, top {len(rows)} by {first.column}")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(rows)))
+    ax.set_title(f"step-time breakdown, top {len(rows)} distinct designs by {first.column}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -173,5 +173,6 @@ def write_study_yaml(space: SearchSpace, out: Path, resolved: dict) -> Path:
 
 def write_timeline(events: list, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, default=_json_default))
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, default=_json_default,
+                               separators=(",", ":")))
     return path

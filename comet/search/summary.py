@@ -85,7 +85,7 @@ def _counts(df: pd.DataFrame, stats) -> list[str]:
 def _best(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace) -> list[str]:
     ok = df[df["status"] == "ok"]
     ccols = analysis.cluster_columns(df)
-    show = ["gpus"] + [c for c in ccols if c != "gpus"] + ["label", "step_time_s", "mfu", "memory_gb_per_gpu",
+    show = ["gpus"] + [c for c in ccols if c != "gpus"] + ["label", "offload", "step_time_s", "mfu", "memory_gb_per_gpu",
                                                             "time_to_train_days", "cost_per_run_usd", "capex_usd",
                                                             "energy_MWh"]
     lines = ["## Best per objective", ""]
@@ -113,6 +113,10 @@ def _case_study(df: pd.DataFrame, ctx) -> list[str]:
                      f"({cluster_text(sp['best'], ccols)}) to {sp['worst'][analysis.TIME]:.1f} days "
                      f"({cluster_text(sp['worst'], ccols)}): **{sp['ratio']:.1f}x** apart "
                      "(COMET reports up to 7.7x).")
+        by_gpus = analysis.spread_by_gpus(df)
+        if by_gpus:
+            lines[-1] += (" At a fixed GPU count, provisioning alone (memory, scale-up, scale-out) spans "
+                          + ", ".join(f"{r:.2f}x at {g} GPUs" for g, r in by_gpus.items()) + ".")
         lines.append("")
     gain = analysis.expansion_gain(df)
     if gain:
@@ -140,16 +144,25 @@ def _bounds(df: pd.DataFrame, ctx, ccols: list[str]) -> list[str]:
     if best.empty:
         return []
     size = ctx.cluster.network[0].size
-    best = best.assign(bound=[analysis.bound_of(r, size) for _, r in best.iterrows()],
-                       memory_limited=[analysis.memory_limited(r, ctx.cluster.gpu.hbm_GB) for _, r in best.iterrows()])
+    rows = [r for _, r in best.iterrows()]
+    over = [analysis.largest_overhead(r, size) for r in rows]
+    best = best.assign(bound=[analysis.bound_of(r, size) for r in rows],
+                       overhead=[f"{name} {share:.0%}" for name, share in over],
+                       memory_limited=[analysis.memory_limited(r, ctx.cluster.gpu.hbm_GB) for r in rows])
     counts = Counter(best["bound"])
+    over_counts = Counter(name for name, _ in over)
+    shares = pd.Series([share for _, share in over])
     mem = int(best["memory_limited"].sum())
-    lines = [f"**What the best designs are bound by.** Of the best design of each of the top {len(best)} cluster "
-             "configurations, " + ", ".join(f"{n} are bound by {k}" for k, n in counts.most_common())
-             + f"; {mem} of {len(best)} are limited by HBM capacity (full recompute, offload or >= 90% of "
-             "HBM used). The bound is the largest step-time component: compute (+ optimizer), exposed "
-             "communication on the scale-up or scale-out tier (by the GPUs each group spans), offload "
-             "traffic (expansion bandwidth) or pipeline bubble.", ""]
-    cols = ccols + ["label", analysis.TIME, "bound", "memory_limited", "breakdown.compute", "breakdown.exposed_tp",
-                    "breakdown.exposed_dp", "breakdown.exposed_pp", "breakdown.pipeline_bubble", "breakdown.offload"]
+    lines = [f"**What the best designs are bound by.** Taking the best design of each of the top {len(best)} "
+             "cluster configurations: by the largest share of step time, "
+             + ", ".join(f"{n} are bound by {k}" for k, n in counts.most_common())
+             + "; the largest overhead beyond compute is "
+             + ", ".join(f"{k} ({n})" for k, n in over_counts.most_common())
+             + f", at a median {shares.median():.0%} of the step time; {mem} of {len(best)} are limited by HBM "
+             "capacity (full recompute, offload, or >= 90% of HBM used). Exposed communication is assigned "
+             "to the scale-up or scale-out tier by the GPUs each group spans (Megatron rank order: tp, cp, dp, "
+             "pp); offload traffic is expansion bandwidth.", ""]
+    cols = ccols + ["label", "offload", analysis.TIME, "bound", "overhead", "memory_limited", "memory_gb_per_gpu",
+                    "breakdown.compute", "breakdown.exposed_tp", "breakdown.exposed_dp", "breakdown.exposed_pp",
+                    "breakdown.pipeline_bubble", "breakdown.offload"]
     return lines + _table(best, cols)
