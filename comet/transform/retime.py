@@ -62,7 +62,7 @@ class Timing:
         """src's measured duration carried to `new` by the cost-model ratio."""
         if src.duration_s is None:
             return None
-        if same_physics and not self.touches(src):
+        if (same_physics and not self.touches(src)) or measured_only(src):
             return src.duration_s
         if self.old_cluster is None or self.new_cluster is None:
             raise GraphError(f"op {src.name!r} has a measured duration but the graph records no cluster to "
@@ -70,6 +70,11 @@ class Timing:
         old = op_time_s(src, self.old_cluster, self.old_precision)
         nw = op_time_s(new, self.new_cluster, self.new_precision)
         return src.duration_s * nw / old if old > 0 else nw
+
+
+def measured_only(op: Op) -> bool:
+    """Ops the cost model cannot time from their fields (it returns their measured duration)."""
+    return op.kind is OpKind.CPU or (op.kind is OpKind.COMPUTE and op.kernel is KernelClass.OTHER)
 
 
 # ------------------------------------------------------------------------------------ configuration
@@ -110,9 +115,10 @@ def carry_op(src: Op | None, tpl: Op, timing: Timing) -> Op:
     same = same_physics(src, tpl)
     if same and src.name == tpl.name and not timing.touches(src):
         return src                                        # not touched: keep the op as it is
-    new = tpl.with_(rank=src.rank, comm_id=src.comm_id, layer=src.layer, microbatch=src.microbatch,
-                    start_s=src.start_s if same and not timing.touches(src) else None)
-    return new.with_(duration_s=timing.retime_s(src, new, same))
+    # perf: the cost of the new op is the cost of tpl (same physics fields): one copy per op, not two
+    keep_start = same and not timing.touches(src)
+    return tpl.with_(rank=src.rank, comm_id=src.comm_id, layer=src.layer, microbatch=src.microbatch,
+                     start_s=src.start_s if keep_start else None, duration_s=timing.retime_s(src, tpl, same))
 
 
 def _keyed(g: nx.DiGraph) -> dict[tuple[str, int], tuple[object, Op]]:
