@@ -97,3 +97,31 @@ def test_fp8_precision_pair_matches_built(small_model, h100, bases):
     _check_pair(small_model, small_model, h100, bases["tp2-pp2-dp2"], dict(tp=4, pp=2, precision=Precision.FP8))
     base8 = materialize(build_step_graph(small_model, resolved(small_model, tp=2, precision=Precision.FP8)), h100)
     _check_pair(small_model, small_model, h100, base8, dict(tp=2, pp=2))
+
+
+def _config_strategy():
+    from hypothesis import strategies as st
+    return st.fixed_dictionaries(dict(
+        tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2]),
+        cp=st.sampled_from([1, 2]), micro_batch=st.sampled_from([1, 2]),
+        recompute=st.sampled_from(list(Recompute)), zero=st.sampled_from([0, 1]),
+        overlap_tp_comm=st.booleans(), flash_attention=st.booleans()))
+
+
+def test_random_pairs_match_built(small_model, h100):
+    from hypothesis import assume, given, settings
+    from comet.errors import ConfigError
+
+    @settings(max_examples=25, deadline=None, derandomize=True)
+    @given(_config_strategy(), _config_strategy())
+    def check(kw_a, kw_b):
+        try:
+            par_a, par_b = resolved(small_model, **kw_a), resolved(small_model, **kw_b)
+        except ConfigError:
+            assume(False)
+        base = materialize(build_step_graph(small_model, par_a), h100)
+        via = replay_step(transform_to(base, small_model, par_b), h100, "bf16").step_time_s
+        assert via == pytest.approx(replay_step(build_step_graph(small_model, par_b), h100, "bf16").step_time_s,
+                                    rel=1e-9)
+
+    check()
