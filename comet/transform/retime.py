@@ -43,14 +43,15 @@ class Timing:
     new_cluster: ClusterSpec | None
     new_precision: str
 
-    @property
-    def unchanged(self) -> bool:
-        return self.old_cluster is self.new_cluster and self.old_precision == self.new_precision
+    def __post_init__(self):
+        # perf: compare the clusters once (a deep dataclass comparison), not per op
+        same = self.old_cluster is self.new_cluster or self.old_cluster == self.new_cluster
+        object.__setattr__(self, "same_cluster", same)
 
     def touches(self, op: Op) -> bool:
         """Whether the hardware / precision change alters this op's cost: the precision only matters
         for GEMMs (comet/hardware/compute.py: attention and memory-bound kernels stay 16-bit)."""
-        if self.old_cluster is not self.new_cluster:
+        if not self.same_cluster:
             return True
         return self.old_precision != self.new_precision and op.kernel is KernelClass.GEMM
 

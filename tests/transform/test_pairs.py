@@ -125,3 +125,24 @@ def test_random_pairs_match_built(small_model, h100):
                                     rel=1e-9)
 
     check()
+
+
+# A GQA + SwiGLU model with untied embeddings (Llama 3 8B), and a medium GPT from the zoo.
+ZOO_CONFIGS = {
+    "llama3_8b": [dict(tp=2, pp=2, dp=2, global_batch=16), dict(tp=8, dp=2, global_batch=16),
+                  dict(tp=4, pp=4, dp=1, cp=2, global_batch=16, recompute=Recompute.FULL),
+                  dict(tp=1, pp=8, dp=2, global_batch=16, vpp=2, schedule=Schedule.INTERLEAVED)],
+    "gpt_1_7b": [dict(tp=2, dp=4, global_batch=64), dict(tp=8, pp=2, dp=2, global_batch=64, micro_batch=2),
+                 dict(pp=4, dp=4, global_batch=64, recompute=Recompute.SELECTIVE, flash_attention=False)],
+}
+ZOO_PAIRS = [(name, i, j) for name, cfgs in ZOO_CONFIGS.items()
+             for i, j in itertools.permutations(range(len(cfgs)), 2)]
+
+
+@pytest.mark.parametrize("name,i,j", ZOO_PAIRS)
+def test_zoo_model_pairs_match_built(h100, name, i, j):
+    from comet.config.model import load_model
+    model = load_model(name)
+    cfgs = ZOO_CONFIGS[name]
+    base = materialize(build_step_graph(model, resolved(model, **cfgs[i])), h100)
+    _check_pair(model, model, h100, base, cfgs[j])

@@ -13,7 +13,7 @@ from comet.evaluate import evaluate
 from comet.graph.ir import Collective, GroupKind, StepGraph
 from comet.replay.step import replay_step
 from comet.replay.timing import op_time_s
-from comet.transform import (materialize, transform_to, with_cp, with_dp, with_hardware, with_layers,
+from comet.transform import (transform_to, with_cp, with_dp, with_hardware, with_layers,
                              with_microbatch, with_num_microbatches, with_pp, with_precision, with_recompute,
                              with_schedule, with_tp, with_zero)
 from comet.workload.builder import build_step_graph
