@@ -133,3 +133,9 @@ def test_imported_kineto_trace_moves_to_other_hardware(repo_root, h100, a100):
                and g.nodes[n]["op"].duration_s]
     assert kernels and all(b.duration_s > a.duration_s for a, b in kernels)
     assert nx.is_directed_acyclic_graph(out)
+
+
+def test_same_dp_is_the_identity(trace):
+    out = with_dp(trace, 4)
+    assert [op for _, op in out.nodes(data="op")] == [op for _, op in trace.nodes(data="op")]
+    assert list(out.edges(data=True)) == list(trace.edges(data=True))

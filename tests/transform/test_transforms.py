@@ -60,6 +60,27 @@ def test_measured_durations_carry_by_cost_ratio(small_model, h100):
         assert op.duration_s == pytest.approx(CALIBRATION * model_s, rel=1e-12), (key, op.name)
 
 
+def test_per_kind_calibration_survives_a_reconfiguration(small_model, h100):
+    # A trace off the model by a different factor per kind of op (GEMMs slow, attention fast, TP
+    # collectives slow): after tp 2 -> 8, pp and micro-batch changes, each op keeps its own factor.
+    factor = {"gemm": 1.25, "attention": 0.8, "memory": 1.1, "comm": 1.6}
+
+    def kind(op):
+        return "comm" if op.is_comm else op.kernel.value
+
+    base = base_graph(small_model, h100, tp=2, dp=2)
+    blocks = {}
+    for key, g in base.blocks.items():
+        g = g.copy()
+        for nid, op in g.nodes(data="op"):
+            g.nodes[nid]["op"] = op.with_(duration_s=op.duration_s * factor[kind(op)])
+        blocks[key] = g
+    out = transform_to(base.with_(blocks=blocks), small_model, resolved(small_model, tp=8, pp=2, micro_batch=2))
+    for key, nid, op in all_ops(out):
+        want = factor[kind(op)] * op_time_s(op, h100, "bf16")
+        assert op.duration_s == pytest.approx(want, rel=1e-12), (key, op.name)
+
+
 def test_new_ops_are_timed_by_the_cost_model(small_model, h100):
     # tp 1 -> 2 adds the sequence-parallel all-gathers and reduce-scatters: no measured counterpart.
     base = scaled(base_graph(small_model, h100), CALIBRATION)
