@@ -101,8 +101,8 @@ class RayExecutor:
             return []
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         reason = f"worker crashed twice ({type(exc).__name__}: {first[:200]})"
-        return [(c, Result(status=CandidateStatus.ERROR, reason=reason, gpus=c.parallel.gpus or 0), attempt)
-                for c in chunk]
+        return [(c, Result(status=CandidateStatus.ERROR, reason=reason, label=c.parallel.label(),
+                           gpus=c.parallel.gpus or 0), attempt) for c in chunk]
 
     def cancel(self) -> None:
         for ref in list(self._pending):

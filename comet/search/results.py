@@ -88,7 +88,8 @@ def flatten(record: dict) -> dict:
     res = record["result"]
     row: dict[str, Any] = {"key": record["key"], "number": record["number"], "label": res.get("label", ""),
                            "status": res["status"], "reason": res.get("reason", ""),
-                           "gpus": res.get("gpus") or record["parallel"].get("gpus")}
+                           "gpus": res.get("gpus") or record["parallel"].get("gpus"),
+                           "attempts": record.get("attempts", 1)}
     row.update(record["provision"])
     row.update({k: record["parallel"].get(k) for k in PARALLEL_COLUMNS})
     row.update({k: _num(res.get(k)) for k in METRIC_COLUMNS})

@@ -4,10 +4,14 @@ tests call the real comet.evaluate."""
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 from comet.result import BREAKDOWN_KEYS, CandidateStatus, Result
 
-CRASH_ENV = "COMET_FAKE_CRASH_TP"       # a worker evaluating this tp dies (os._exit)
+# A worker evaluating a configuration whose label starts with the text in this file dies (os._exit).
+# A file, not an environment variable, so Ray workers started before the test see it.
+CRASH_FILE = Path(tempfile.gettempdir()) / f"comet-fake-crash-tp-{os.getuid()}"
 INTERRUPT_AFTER = {"n": None, "count": 0}  # raise KeyboardInterrupt after n calls (serial executor)
 
 
@@ -18,7 +22,7 @@ def fake_precheck(model, cluster, parallel):
 
 
 def fake_evaluate(model, cluster, parallel, job=None, *, timeline=False, base=None):
-    if os.environ.get(CRASH_ENV) and int(os.environ[CRASH_ENV]) == parallel.tp:
+    if CRASH_FILE.exists() and parallel.label().startswith(CRASH_FILE.read_text()):
         os._exit(3)
     if INTERRUPT_AFTER["n"] is not None:
         INTERRUPT_AFTER["count"] += 1

@@ -1,0 +1,116 @@
+"""Driver mechanics with a fake evaluate (fakes.py): results written as they arrive, Ctrl-C, resume
+without re-evaluating, a torn journal line, and Optuna ask/tell with constraints."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pandas as pd
+import pytest
+
+import fakes
+from comet.search.driver import RunOptions, run_study
+from comet.search.results import JOURNAL
+from comet.search.space import parse_space
+
+from conftest import ROOT
+
+TINY_SOURCE = str(ROOT / "search_spaces" / "tiny.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _reset_interrupt():
+    fakes.INTERRUPT_AFTER.update(n=None, count=0)
+    yield
+    fakes.INTERRUPT_AFTER.update(n=None, count=0)
+
+
+def _opts(out, **kw) -> RunOptions:
+    return RunOptions(out=out, executor="serial", evaluate_fn=fakes.fake_evaluate, precheck_fn=fakes.fake_precheck,
+                      chunk_size=4, **kw)
+
+
+def _metrics(df: pd.DataFrame) -> pd.DataFrame:
+    cols = ["key", "status", "reason", "step_time_s", "time_to_train_days", "cost_per_run_usd"]
+    return df[cols].sort_values("key").reset_index(drop=True)
+
+
+def test_interrupt_then_resume_matches_an_uninterrupted_run(tiny_raw, tmp_path):
+    space = parse_space(tiny_raw, TINY_SOURCE)
+    full = run_study(space, _opts(tmp_path / "full"))
+    assert not full.interrupted and full.evaluated_now == 32 and full.resumed == 0
+
+    fakes.INTERRUPT_AFTER.update(n=10, count=0)          # Ctrl-C during the 11th evaluation
+    cut = run_study(space, _opts(tmp_path / "cut"))
+    assert cut.interrupted
+    assert cut.evaluated_now == 8                        # two whole chunks of 4 reached the journal
+    lines = (tmp_path / "cut" / JOURNAL).read_text().splitlines()
+    assert len(lines) == 8
+    assert (tmp_path / "cut" / "candidates.parquet").exists()   # flushed to parquet on Ctrl-C too
+    assert (tmp_path / "cut" / "summary.md").read_text().count("interrupted") == 1
+
+    fakes.INTERRUPT_AFTER.update(n=None, count=0)
+    again = run_study(space, _opts(tmp_path / "cut"))
+    assert not again.interrupted
+    assert again.resumed == 8 and again.evaluated_now == 24     # finished candidates are not evaluated again
+    pd.testing.assert_frame_equal(_metrics(again.frame), _metrics(full.frame))
+
+    third = run_study(space, _opts(tmp_path / "cut"))
+    assert third.evaluated_now == 0 and third.resumed == 32
+
+
+def test_torn_journal_line_is_evaluated_again(tiny_raw, tmp_path):
+    space = parse_space(tiny_raw, TINY_SOURCE)
+    run_study(space, _opts(tmp_path, timelines=False))
+    path = tmp_path / JOURNAL
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])   # killed mid-write
+    again = run_study(space, _opts(tmp_path, timelines=False))
+    assert again.evaluated_now == 1 and again.resumed == 31 and len(again.frame) == 32
+    for line in path.read_text().splitlines()[-2:]:
+        if line.endswith("}"):
+            json.loads(line)
+
+
+def test_outputs_written(tiny_raw, tmp_path):
+    out = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path))
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"candidates.parquet", "candidates.csv", "pareto.csv", "study.yaml", "summary.md", "pareto.png",
+            "heatmap_tp_pp.png", "breakdown_top.png", "timelines", JOURNAL} <= names
+    df = pd.read_parquet(tmp_path / "candidates.parquet")
+    assert len(df) == 32 and set(df["status"]) == {"ok", "infeasible"}
+    assert (df.loc[df.status == "infeasible", "reason"] == "activations do not fit memory").all()
+    front = pd.read_csv(tmp_path / "pareto.csv")
+    assert len(front) == len(out.front) > 0 and (front["status"] == "ok").all()
+    trace = json.loads(next((tmp_path / "timelines").iterdir()).read_text())
+    assert trace["traceEvents"][0]["ph"] == "X"
+
+
+def test_optuna_tells_infeasible_as_constraints_and_resumes(tiny_raw, tmp_path):
+    tiny_raw.update(method="optuna-tpe", budget={"trials": 10}, batch=4)
+    tiny_raw["parallel"]["tp"] = {"choices": [1, 2, 4, 8]}      # tp*pp < 8 fails the fake memory check
+    space = parse_space(tiny_raw, TINY_SOURCE)
+    first = run_study(space, _opts(tmp_path, timelines=False))
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    states = {t.state for t in study.trials}
+    assert states == {optuna.trial.TrialState.COMPLETE}         # never FAIL: infeasible is a constraint
+    evaluated = [t for t in study.trials if not t.user_attrs.get("pruned")]
+    assert len(evaluated) >= 10
+    for t in study.trials:
+        infeasible = t.user_attrs.get("pruned") or t.user_attrs.get("reason")
+        assert (t.constraints["violation"] > 0) == bool(infeasible)
+    trials_before = len(study.trials)
+    again = run_study(space, _opts(tmp_path, timelines=False))
+    assert again.evaluated_now == 0                             # budget already met: nothing new
+    assert len(optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials) \
+        == trials_before
+    assert len(first.frame) == len(again.frame)
+
+
+def test_random_method_respects_trials(tiny_raw, tmp_path):
+    tiny_raw.update(method="random", budget={"trials": 7})
+    out = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
+    assert out.evaluated_now == 7
+    more = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False, trials=9))
+    assert more.resumed == 7 and more.evaluated_now == 2     # same seed: the same first 7, then 2 new
