@@ -53,18 +53,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
         return Result(CandidateStatus.INFEASIBLE, reason=mem.reason, label=par.label(), gpus=par.gpus,
                       **_memory_fields(mem))
     try:
-        graph = _graph_for(model, par, base)
+        graph = _graph_for(model, cluster, par, base)
         rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=timeline)
     except CometError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
     return _result(model, cluster, par, job, mem, rep, timeline)
 
 
-def _graph_for(model: ModelSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
+def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
     if base is None:
         return build_step_graph(model, par)
     from comet.transform import transform_to   # the trace-driven path: rescale the base graph
-    return transform_to(base, model, par)
+    return transform_to(base, model, par, cluster=cluster)
 
 
 def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:

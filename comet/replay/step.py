@@ -102,8 +102,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     def t(op: Op) -> float:
         # perf: middle stages share their sync ops (builder.build_stages); time each object once
         key = id(op)
-        if key not in memo:
-            memo[key] = op_time_s(op, cluster, precision)
+        if key not in memo:   # a measured (or re-timed) duration wins over the cost model
+            memo[key] = op.duration_s if op.duration_s is not None else op_time_s(op, cluster, precision)
         return memo[key]
 
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
