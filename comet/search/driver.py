@@ -98,7 +98,7 @@ def build_base(space: SearchSpace, model) -> Any:
     if space.base.build is None:
         return None
     try:
-        import comet.transform  # noqa: F401 - evaluate() rescales the base graph with it
+        from comet.transform import transform_to  # noqa: F401 - evaluate() rescales the base graph with it
     except ImportError:
         return None   # transformations not available yet: evaluate() builds each candidate's graph
     from comet.workload.builder import build_step_graph

@@ -109,3 +109,16 @@ def test_cli_missing_cluster_spec(tiny_raw, tmp_path, capsys):
 def test_cli_missing_file(capsys):
     code, err = _cli_error(capsys, "no/such/space.yaml")
     assert code == 2 and "no/such/space.yaml: file not found" in err
+
+
+def test_full_example_in_docs_parses():
+    import re
+
+    import yaml
+    text = (ROOT / "docs" / "search-space.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    space = parse_space(yaml.safe_load(block), str(ROOT / "search_spaces" / "doc-example.yaml"))
+    axes = {a.name: a.values for a in space.axes}
+    assert axes["parallel.dp"] == (None,) and axes["parallel.sequence_parallel"] == (None,)
+    assert axes["parallel.offload"][-1] == "optimizer+activations"
+    assert space.cost == {"network_usd_per_GBps": [8.0, 60.0]} and space.budget.trials == 500
