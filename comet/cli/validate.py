@@ -49,7 +49,7 @@ def _rows_table(val) -> Table:
     for p in val.predictions:
         c = p.case
         label = c.profile.label if c.profile.match else c.source[:24]
-        err = _err(p.error_pct) if p.status == "ok" else f"[dim]{p.status}: {p.reason}[/dim]"
+        err = _err(p.error_pct) if p.status == "ok" else f"[dim]{p.status}[/dim]"
         t.add_row(str(c.index), label, c.row.get("model", "")[:30], c.row.get("num_gpus", ""), p.label or "-",
                   c.metric, _num(c.value), _num(p.predicted), err, "H" if c.held_out else "")
     return t
@@ -91,12 +91,21 @@ def run(args) -> int:
             for k, v in fit.values.items():
                 note = "" if fit.sensitive[k] else "  [dim](not constrained by these rows: prior kept)[/dim]"
                 console.print(f"  {k:45s} {fit.start[k]:>10.4g} -> {v:<10.4g}{note}")
+            for k, v in fit.derived.items():
+                console.print(f"  {k:45s} {'derived':>10s} -> {v:<10.4g}")
             if not args.no_write:
                 console.print(f"  written to {write_fit(fit, specs, csv.name, command)}")
     val = run_validation(csv, specs)
     if not args.quiet:
         console.print(_rows_table(val))
+    for p in val.predictions:
+        if p.status != "ok":
+            console.print(f"row {p.case.index} ({p.case.row.get('model', '')}, {p.case.metric}) {p.status}: {p.reason}",
+                          soft_wrap=True)
     console.print(_summary_table(val.summary))
+    h = val.summary["held_out"]
+    if h.n:
+        console.print(f"held-out rows: n={h.n}, MAPE {h.mape:.2f}%, max |error| {h.max_abs:.1f}%", soft_wrap=True)
     c = val.summary["counts"]
     console.print(f"{c['ok']} predicted, {c['skipped']} skipped, {c['infeasible']} infeasible")
     if args.json:

@@ -1,10 +1,13 @@
 """Kernel times on one GPU: roofline with a few physical efficiency parameters.
 
-GEMM:   t = 2mnk / (peak * e_gemm * u_wave * k/(k + k_half)), at least the HBM time of its operands.
+GEMM:   t = 2mnk / (peak * e_gemm * u_wave * k'/(k' + k_half)), at least the HBM time of its operands.
         u_wave is wave quantization: the output is cut into tile_m x tile_n tiles spread over the SMs in
         waves, and the last wave runs part-empty (NVIDIA "Matrix Multiplication Background" user guide,
-        sec. "Wave Quantization"). k/(k + k_half) is the fixed prologue/epilogue cost of each tile's
-        main loop relative to its k-long accumulation.
+        sec. "Wave Quantization"). k'/(k' + k_half) is the fixed prologue/epilogue cost of each tile's
+        main loop relative to its k'-long accumulation. When the output has too few tiles to fill the
+        GPU, the library splits the k loop into s slices (cuBLAS split-K; stream-K, Osama et al. PPoPP'23)
+        so that tiles * s work units fill the SMs: k' = k / s, and the fp32 partial sums cost s*m*n*8
+        bytes of extra HBM traffic (written and read once). The split with the shortest time is used.
 Flash attention: 4 * b*heads * sq * skv * d FLOPs forward (QK^T and PV), halved under a causal mask
         (FlashAttention-2, Dao 2023, sec. 3.1: masked blocks are skipped); backward does 2.5x the forward
         matmul work (recomputed QK^T plus dQ, dK, dV, dP). Timed at attention_fwd / attention_bwd of peak.
@@ -20,13 +23,16 @@ from comet.config.cluster import ClusterSpec
 from comet.graph.ir import KernelClass, Op, Phase
 
 FLASH_BWD_FLOP_RATIO = 2.5   # FlashAttention-2 backward / forward matmul FLOPs (5 vs 2 matmuls)
+MAX_SPLIT_K = 16             # most k slices the library uses to fill the SMs
+SPLIT_K_MIN_SLICE = 256      # no slice shorter than this (4 k-tiles of 64)
 
 
-def wave_utilization(m: int, n: int, tile_m: int, tile_n: int, sms: int) -> float:
-    """Fraction of SM-waves doing useful tiles; the library picks the better tile orientation."""
+def wave_utilization(m: int, n: int, tile_m: int, tile_n: int, sms: int, split: int = 1) -> float:
+    """Fraction of SM-waves doing useful tiles; the library picks the better tile orientation. With a
+    k split every output tile is `split` work units."""
     best = 0.0
     for tm, tn in ((tile_m, tile_n), (tile_n, tile_m)):
-        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * split
         waves = math.ceil(tiles / sms)
         # Partial tiles at the matrix edge also waste work: useful area / computed area.
         area = (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
@@ -40,13 +46,21 @@ def gemm_time_s(m: int, n: int, k: int, cluster: ClusterSpec, precision: str, dt
     fp8 = precision == "fp8"
     peak = gpu.peak_flops("fp8" if fp8 else ("bf16" if "bf16" in gpu.peak_tflops else precision))
     e = eff.gemm_fp8 if fp8 else eff.gemm
-    u = wave_utilization(m, n * batch, eff.gemm_tile_m, eff.gemm_tile_n, gpu.sms)
-    k_eff = k / (k + eff.gemm_k_half)
     flops = 2.0 * m * n * k * batch
-    compute = flops / (peak * e * u * k_eff)
     operand_bytes = (m * k + k * n + m * n) * batch * (1 if fp8 else dtype_bytes)
-    memory = operand_bytes / (gpu.hbm_bandwidth * eff.memory_bound)
-    return max(compute, memory) + eff.kernel_overhead_us * 1e-6
+    hbm = gpu.hbm_bandwidth * eff.memory_bound
+    best = math.inf
+    for split in range(1, MAX_SPLIT_K + 1):
+        if split > 1 and k // split < SPLIT_K_MIN_SLICE:
+            break
+        u = wave_utilization(m, n * batch, eff.gemm_tile_m, eff.gemm_tile_n, gpu.sms, split)
+        k_slice = k / split
+        compute = flops / (peak * e * u * k_slice / (k_slice + eff.gemm_k_half))
+        partials = (split * m * n * batch * 8) if split > 1 else 0.0   # fp32 partial sums, written + read
+        best = min(best, max(compute, (operand_bytes + partials) / hbm))
+        if u >= 0.95:   # the GPU is already full: more slices only add fixed cost
+            break
+    return best + eff.kernel_overhead_us * 1e-6
 
 
 def attention_time_s(flops: float, backward: bool, cluster: ClusterSpec) -> float:

@@ -4,7 +4,8 @@ One parameter set per GPU type (never per model or per row). Each parameter has 
 bounds that keep it physically plausible, and a prior centre taken from a published hardware fact
 (calibration/README.md "Hardware facts"); the fit minimises
 
-    mean over fitted rows |ln(predicted / measured)|  +  PRIOR_WEIGHT * sum(((x - x0) / (hi - lo))^2)
+    mean over sources of the mean over its fitted rows |ln(predicted / measured)|
+        +  PRIOR_WEIGHT * sum(((x - x0) / (hi - lo))^2)
 
 by a deterministic bounded coordinate search (no scipy in the environment), starting from the prior.
 Every third modelled row of each source is held out and reported separately.
@@ -26,6 +27,7 @@ from comet.config.cluster import ClusterSpec, load_cluster
 from comet.validate.predict import ClusterCache, Prediction, predict
 from comet.validate.rows import Case
 
+PRIOR_GEMM_FP8 = 0.74   # ~1400-1470 TFLOP/s FP8 large GEMMs of 1978.9 (DeepGEMM PRs; calibration README)
 PRIOR_WEIGHT = 0.05      # a parameter moved by half its range costs as much as 1.25% mean error
 MIN_STEP = 1 / 256       # coordinate-search resolution, as a fraction of each parameter's range
 
@@ -50,12 +52,15 @@ class Param:
         return self.lo + u * (self.hi - self.lo)
 
 
-# Bounds: GEMM 0.6-0.9 of dense peak and NCCL bus efficiency 0.6-0.95 (project brief); flash attention
-# 30-75% of peak (FlashAttention-2/3 papers: 35-75% on A100/H100); elementwise kernels 60-92% of HBM
-# bandwidth (STREAM-like copy on HBM2e/HBM3); launch + tail 1-12 us per kernel.
+# Bounds: a large (8192^3) GEMM at 0.6-0.9 of dense peak and NCCL bus efficiency 0.6-0.95 (project
+# brief); `gemm` >= 0.62 keeps the 8192^3 GEMM, after its k/(k + k_half) term, above 0.6 of peak. Flash
+# attention 25-75% of peak (FlashAttention-2 on H100 ~25-35%, FlashAttention-3 / cuDNN up to ~75%;
+# Dao 2023, Shah et al. 2024); elementwise kernels 60-92% of HBM bandwidth (STREAM-like copy on
+# HBM2e/HBM3); launch + tail 1-12 us per kernel.
 PARAMS: tuple[Param, ...] = (
-    Param("efficiency.gemm", 0.60, 0.90, "large-GEMM fraction of dense tensor peak"),
-    Param("efficiency.gemm_k_half", 16, 1024, "reduction length k at which a GEMM tile loop reaches half "
+    Param("efficiency.gemm", 0.62, 0.90, "in-training large-GEMM fraction of dense tensor peak (sustained "
+          "clocks under the power cap included)"),
+    Param("efficiency.gemm_k_half", 32, 512, "reduction length k at which a GEMM tile loop reaches half "
           "of `gemm` (prologue/epilogue cost per tile)", log=True),
     Param("efficiency.attention_fwd", 0.30, 0.75, "flash-attention forward fraction of peak"),
     Param("efficiency.attention_bwd", 0.25, 0.65, "flash-attention backward fraction of peak"),
@@ -134,11 +139,19 @@ class FitResult:
     loss_end: float
     evaluations: int
     sensitive: dict[str, bool]     # whether the fitted rows constrain each parameter at all
+    derived: dict[str, float]      # set from fitted values by a stated rule (not fitted themselves)
 
 
 def _log_error(preds: list[Prediction]) -> float:
-    errs = [abs(math.log(p.predicted / p.case.value)) for p in preds if p.status == "ok" and p.predicted > 0]
-    return sum(errs) / len(errs) if errs else 0.0
+    """Mean |ln(predicted / measured)| per source, averaged over sources: each publication weighs the
+    same, however many rows it contributes (otherwise the 20 MosaicML rows would outvote the 9
+    Megatron-LM rows on the H100)."""
+    by_source: dict[str, list[float]] = {}
+    for p in preds:
+        if p.status == "ok" and p.predicted > 0:
+            by_source.setdefault(p.case.profile.key, []).append(abs(math.log(p.predicted / p.case.value)))
+    means = [sum(v) / len(v) for v in by_source.values()]
+    return sum(means) / len(means) if means else 0.0
 
 
 def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResult:
@@ -184,9 +197,14 @@ def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResul
         if not improved:
             step /= 2
     values = {p.key: _round(p.from_unit(x)) for p, x in zip(params, u)}
+    derived = {}
+    if "fp8" in base.gpu.peak_tflops and "efficiency.gemm" in values:
+        # No FP8 row to fit: FP8 GEMMs keep their published ratio to BF16 (~1400-1470 vs ~790-800 TFLOP/s
+        # for large shapes, calibration README), so in-training losses scale both alike.
+        derived["efficiency.gemm_fp8"] = _round(PRIOR_GEMM_FP8 * values["efficiency.gemm"] / prior["efficiency.gemm"])
     held = sum(1 for c in cases if c.cluster_file == cluster_file and not c.skip_reason and c.held_out)
     return FitResult(cluster_file, values, {p.key: prior[p.key] for p in params}, len(rows), held, start, best,
-                     evals, sensitive)
+                     evals, sensitive, derived)
 
 
 def _round(x: float) -> float:
@@ -201,13 +219,13 @@ def _fmt(x: float) -> str:
 
 
 def _replace_key(lines: list[str], start: int, end: int, key: str, value: float, note: str) -> bool:
+    """Set `key: value` in lines[start:end]; the comment becomes `note: <the original comment>`."""
     pat = re.compile(rf"^(\s+){re.escape(key)}:\s*([^#\n]*?)(\s*#\s*(.*))?$")
     for i in range(start, end):
         m = pat.match(lines[i])
         if m:
-            old_comment = m.group(4) or ""
-            old_comment = re.sub(r"^fit [^;]*; ", "", old_comment)
-            comment = f"fit {note}" + (f"; {old_comment}" if old_comment else "")
+            old_comment = re.sub(r"^(fit|derived) [^:]*: ?", "", m.group(4) or "")
+            comment = note + (f": {old_comment}" if old_comment else "")
             lines[i] = f"{m.group(1)}{key}: {_fmt(value)}  # {comment}"
             return True
     return False
@@ -229,11 +247,12 @@ def _block(lines: list[str], header: re.Pattern) -> tuple[int, int]:
     return -1, -1
 
 
-def write_values(path: Path, values: dict[str, float], note: str, header: list[str]) -> None:
-    """Set the fitted keys in a cluster spec YAML in place (comments and other keys are kept), and put
-    `header` (comment lines) right above `efficiency:`."""
+def write_values(path: Path, values: dict[str, float], notes: dict[str, str], header: list[str]) -> None:
+    """Set keys in a cluster spec YAML in place (other keys and the original comments are kept; the
+    comment is prefixed by notes[key]), and put `header` (comment lines) right above `efficiency:`."""
     lines = path.read_text().splitlines()
     for key, value in values.items():
+        note = notes[key]
         parts = key.split(".")
         if parts[0] == "efficiency":
             lo, hi = _block(lines, re.compile(r"^efficiency:\s*$"))
@@ -245,7 +264,7 @@ def write_values(path: Path, values: dict[str, float], note: str, header: list[s
             raise ValueError(f"{path}: no block for {key}")
         if not _replace_key(lines, lo, hi, fld, value, note):
             indent = "  " if parts[0] == "efficiency" else "    "
-            lines.insert(hi, f"{indent}{fld}: {_fmt(value)}  # fit {note}")
+            lines.insert(hi, f"{indent}{fld}: {_fmt(value)}  # {note}")
     eff = next(i for i, s in enumerate(lines) if re.match(r"^efficiency:\s*$", s))
     top = eff
     while top > 0 and lines[top - 1].startswith(("# Calibrated", "#   ")):
@@ -265,14 +284,20 @@ def header_lines(fit: FitResult, csv_name: str, command: str) -> list[str]:
     return [f"# Calibrated {today} by `{command}` against {csv_name}: {fit.train_rows} fitted rows on this GPU,",
             f"#   {fit.held_out_rows} held out (every 3rd modelled row of each source); mean |ln error| "
             f"{fit.loss_start:.3f} -> {fit.loss_end:.3f} (with prior).",
-            "#   Keys marked 'fit' were fitted within physical bounds around published hardware facts",
+            "#   Keys marked 'fit' were fitted within physical bounds around published hardware facts (the",
+            "#   prior); 'derived' keys follow from fitted ones by the stated rule.",
             "#   (comet/validate/calibrate.py PARAMS / PRIORS); docs/validation.md lists them and their meaning."]
 
 
 def write_fit(fit: FitResult, specs_dir: Path, csv_name: str, command: str) -> Path:
     path = specs_dir / fit.cluster_file
+    today = date.today().isoformat()
     changed = {k: v for k, v in fit.values.items() if fit.sensitive.get(k)}
-    write_values(path, changed, date.today().isoformat(), header_lines(fit, csv_name, command))
+    notes = {k: f"fit {today} (prior {fit.start[k]:.3g})" for k in changed}
+    for k, v in fit.derived.items():
+        changed[k] = v
+        notes[k] = f"derived {today} (gemm_fp8 = {PRIOR_GEMM_FP8} * gemm / {fit.start['efficiency.gemm']:.3g})"
+    write_values(path, changed, notes, header_lines(fit, csv_name, command))
     return path
 
 
@@ -292,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in fit.values.items():
             flag = "" if fit.sensitive[k] else "   (not constrained by these rows: kept at prior)"
             print(f"  {k:45s} {fit.start[k]:>10.4g} -> {v:<10.4g}{flag}")
+        for k, v in fit.derived.items():
+            print(f"  {k:45s} {'derived':>10s} -> {v:<10.4g}")
         if not args.no_write:
             print(f"  written to {write_fit(fit, specs, csv_path.name, 'python -m comet.validate.calibrate')}")
     return 0

@@ -8,7 +8,7 @@ from datetime import date
 from pathlib import Path
 
 from comet.config.cluster import load_cluster
-from comet.validate.calibrate import PARAMS, PRIORS, FitResult, get_value
+from comet.validate.calibrate import PARAMS, PRIOR_GEMM_FP8, PRIORS, FitResult, get_value
 from comet.validate.runner import Validation
 from comet.validate.sources import GENERIC, PROFILES
 from comet.validate.summary import ErrorStats
@@ -91,6 +91,11 @@ def params_md(specs_dir: Path, fits: list[FitResult] | None) -> list[str]:
                 continue
             out.append(f"| `{prm.key}` | {get_value(cluster, prm.key):.4g} | {PRIORS[fname][prm.key]:.4g} | "
                        f"{prm.lo:.3g} - {prm.hi:.3g} | {prm.meaning} |")
+        if "fp8" in cluster.gpu.peak_tflops:
+            g0 = PRIORS[fname]["efficiency.gemm"]
+            out.append(f"| `efficiency.gemm_fp8` | {cluster.efficiency.gemm_fp8:.4g} | {PRIOR_GEMM_FP8} | derived | "
+                       "FP8 GEMM fraction of FP8 peak: not fitted (no FP8 row); kept at the published FP8/BF16 "
+                       f"ratio, gemm_fp8 = {PRIOR_GEMM_FP8} * gemm / {g0} |")
         fit = fits_by.get(fname)
         if fit:
             fixed = [k for k, v in fit.sensitive.items() if not v]
