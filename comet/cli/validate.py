@@ -42,6 +42,10 @@ def _num(x: float) -> str:
     return "-" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:,.0f}")
 
 
+METRIC_SHORT = {"iteration_time_s": "iter s", "tflops_per_gpu": "TFLOP/s", "mfu": "MFU %",
+                "tokens_per_s_per_gpu": "tok/s/GPU", "layer_fwd_bwd_time_ms": "layer ms"}
+
+
 def _rows_table(val) -> Table:
     t = Table(title=f"comet validate: {val.csv.name}", show_lines=False)
     for col in ("#", "source", "model", "GPUs", "config", "metric", "measured", "predicted", "error", "hold"):
@@ -50,8 +54,12 @@ def _rows_table(val) -> Table:
         c = p.case
         label = c.profile.label if c.profile.match else c.source[:24]
         err = _err(p.error_pct) if p.status == "ok" else f"[dim]{p.status}[/dim]"
-        t.add_row(str(c.index), label, c.row.get("model", "")[:30], c.row.get("num_gpus", ""), p.label or "-",
-                  c.metric, _num(c.value), _num(p.predicted), err, "H" if c.held_out else "")
+        model = c.row.get("model", "").split(" (")[0][:20]
+        if c.metric == "layer_fwd_bwd_time_ms":
+            model += " layer"
+        t.add_row(str(c.index), label, model, c.row.get("num_gpus", ""), p.label or "-",
+                  METRIC_SHORT.get(c.metric, c.metric), _num(c.value), _num(p.predicted), err,
+                  "H" if c.held_out else "")
     return t
 
 
@@ -76,6 +84,8 @@ def _summary_table(summary: dict) -> Table:
 
 def run(args) -> int:
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 150))   # piped / captured: do not squeeze the table
     csv = find_csv(args.csv)
     specs = Path(args.specs) if args.specs else repo_root() / "cluster_specs"
     fits = None
@@ -83,7 +93,10 @@ def run(args) -> int:
     if args.fit:
         from comet.validate.calibrate import fit_all, write_fit
         from comet.validate.rows import load_cases
-        fits = fit_all(load_cases(csv), specs)
+        from comet.validate.checks import structural_warnings
+        cases = load_cases(csv)
+        warnings = structural_warnings(cases)
+        fits = fit_all(cases, specs)
         for fit in fits:
             console.print(f"[bold]fit {fit.cluster_file}[/bold]: {fit.train_rows} rows "
                           f"({fit.held_out_rows} held out), loss {fit.loss_start:.4f} -> {fit.loss_end:.4f}, "
@@ -94,7 +107,7 @@ def run(args) -> int:
             for k, v in fit.derived.items():
                 console.print(f"  {k:45s} {'derived':>10s} -> {v:<10.4g}")
             if not args.no_write:
-                console.print(f"  written to {write_fit(fit, specs, csv.name, command)}")
+                console.print(f"  written to {write_fit(fit, specs, csv.name, command, warnings)}")
     val = run_validation(csv, specs)
     if not args.quiet:
         console.print(_rows_table(val))
@@ -106,6 +119,8 @@ def run(args) -> int:
     h = val.summary["held_out"]
     if h.n:
         console.print(f"held-out rows: n={h.n}, MAPE {h.mape:.2f}%, max |error| {h.max_abs:.1f}%", soft_wrap=True)
+    for w in val.warnings:
+        console.print(f"[yellow]structural check:[/yellow] {w} (comet/workload/layers.py)", soft_wrap=True)
     c = val.summary["counts"]
     console.print(f"{c['ok']} predicted, {c['skipped']} skipped, {c['infeasible']} infeasible")
     if args.json:

@@ -140,6 +140,7 @@ class FitResult:
     evaluations: int
     sensitive: dict[str, bool]     # whether the fitted rows constrain each parameter at all
     derived: dict[str, float]      # set from fitted values by a stated rule (not fitted themselves)
+    sources: dict[str, int]        # fitted rows per source
 
 
 def _log_error(preds: list[Prediction]) -> float:
@@ -204,7 +205,14 @@ def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResul
         derived["efficiency.gemm_fp8"] = _round(PRIOR_GEMM_FP8 * values["efficiency.gemm"] / prior["efficiency.gemm"])
     held = sum(1 for c in cases if c.cluster_file == cluster_file and not c.skip_reason and c.held_out)
     return FitResult(cluster_file, values, {p.key: prior[p.key] for p in params}, len(rows), held, start, best,
-                     evals, sensitive, derived)
+                     evals, sensitive, derived, _count_sources(rows))
+
+
+def _count_sources(rows: list[Case]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in rows:
+        out[c.profile.label] = out.get(c.profile.label, 0) + 1
+    return out
 
 
 def _round(x: float) -> float:
@@ -279,17 +287,20 @@ def fit_all(cases: list[Case], specs_dir: Path) -> list[FitResult]:
     return [fit_gpu(cases, load_cluster(specs_dir / f), f) for f in files]
 
 
-def header_lines(fit: FitResult, csv_name: str, command: str) -> list[str]:
+def header_lines(fit: FitResult, csv_name: str, command: str, warnings: list[str] = ()) -> list[str]:
     today = date.today().isoformat()
-    return [f"# Calibrated {today} by `{command}` against {csv_name}: {fit.train_rows} fitted rows on this GPU,",
-            f"#   {fit.held_out_rows} held out (every 3rd modelled row of each source); mean |ln error| "
-            f"{fit.loss_start:.3f} -> {fit.loss_end:.3f} (with prior).",
-            "#   Keys marked 'fit' were fitted within physical bounds around published hardware facts (the",
-            "#   prior); 'derived' keys follow from fitted ones by the stated rule.",
-            "#   (comet/validate/calibrate.py PARAMS / PRIORS); docs/validation.md lists them and their meaning."]
+    per_source = ", ".join(f"{k} {n}" for k, n in fit.sources.items())
+    return [f"# Calibrated {today} by `{command}` against {csv_name}: {fit.train_rows} fitted rows",
+            f"#   ({per_source}); {fit.held_out_rows} held out (every 3rd modelled row of each source).",
+            f"#   Per-source mean |ln(predicted/measured)| + prior: {fit.loss_start:.3f} -> {fit.loss_end:.3f}.",
+            "#   Keys marked 'fit' were fitted within physical bounds around a published hardware fact (the",
+            "#   prior; comet/validate/calibrate.py PARAMS / PRIORS); 'derived' keys follow from fitted ones",
+            "#   by the stated rule. docs/validation.md lists them and their physical meaning.",
+            ("#   Structural checks passed: layer-block FLOPs equal the analytical count." if not warnings else
+             f"#   WARNING: fitted while a structural check failed ({warnings[0]}): re-fit once fixed.")]
 
 
-def write_fit(fit: FitResult, specs_dir: Path, csv_name: str, command: str) -> Path:
+def write_fit(fit: FitResult, specs_dir: Path, csv_name: str, command: str, warnings: list[str] = ()) -> Path:
     path = specs_dir / fit.cluster_file
     today = date.today().isoformat()
     changed = {k: v for k, v in fit.values.items() if fit.sensitive.get(k)}
@@ -297,7 +308,7 @@ def write_fit(fit: FitResult, specs_dir: Path, csv_name: str, command: str) -> P
     for k, v in fit.derived.items():
         changed[k] = v
         notes[k] = f"derived {today} (gemm_fp8 = {PRIOR_GEMM_FP8} * gemm / {fit.start['efficiency.gemm']:.3g})"
-    write_values(path, changed, notes, header_lines(fit, csv_name, command))
+    write_values(path, changed, notes, header_lines(fit, csv_name, command, warnings))
     return path
 
 
@@ -312,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     csv_path = Path(args.csv) if args.csv else default_csv()
     specs = repo_root() / "cluster_specs"
     cases = load_cases(csv_path)
+    from comet.validate.checks import structural_warnings
+    warnings = structural_warnings(cases)
+    for w in warnings:
+        print(f"structural check: {w}")
     for fit in fit_all(cases, specs):
         print(f"{fit.cluster_file}: loss {fit.loss_start:.4f} -> {fit.loss_end:.4f} in {fit.evaluations} evaluations")
         for k, v in fit.values.items():
@@ -320,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in fit.derived.items():
             print(f"  {k:45s} {'derived':>10s} -> {v:<10.4g}")
         if not args.no_write:
-            print(f"  written to {write_fit(fit, specs, csv_path.name, 'python -m comet.validate.calibrate')}")
+            print(f"  written to {write_fit(fit, specs, csv_path.name, 'python -m comet.validate.calibrate', warnings)}")
     return 0
 
 

@@ -116,6 +116,11 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
              "forward, Korthikanti / Megatron-LM report model FLOPs, MosaicML is compared in tokens/s/GPU. "
              "Errors are (predicted - measured) / measured.", "", "## Summary", ""]
     lines += summary_md(val)
+    lines += ["", "## Structural checks", "",
+              "The FLOPs of the built layer blocks are compared with the analytical count (comet/validate/"
+              "checks.py) for every modelled configuration, so that the errors above can be read as physics."]
+    lines += [""] + ([f"- **mismatch**: {w}" for w in val.warnings] or
+                     ["All layer blocks match the analytical GEMM and attention FLOPs within 1%."])
     lines += ["", "## Defaults where a source is silent", ""]
     lines += [f"- **{p.label}**: {p.defaults_note}" for p in PROFILES + (GENERIC,)]
     lines += ["", "## Calibrated parameters", "",

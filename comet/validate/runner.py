@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from comet.errors import ConfigError
+from comet.validate.checks import structural_warnings
 from comet.validate.predict import ClusterCache, Prediction, predict_all
 from comet.validate.rows import Case, load_cases
 from comet.validate.summary import summarize, summary_as_dict
@@ -35,10 +36,12 @@ class Validation:
     cases: list[Case]
     predictions: list[Prediction]
     summary: dict
+    warnings: list[str] = field(default_factory=list)   # structural self-check failures
 
     def as_json(self) -> dict:
-        return {"csv": str(self.csv), "rows": [p.as_dict() for p in self.predictions],
-                "summary": summary_as_dict(self.summary)}
+        summary = summary_as_dict(self.summary)
+        summary["structural_warnings"] = list(self.warnings)
+        return {"csv": str(self.csv), "rows": [p.as_dict() for p in self.predictions], "summary": summary}
 
     def write_json(self, out: str | Path) -> None:
         Path(out).write_text(json.dumps(self.as_json(), indent=1, default=float) + "\n")
@@ -48,4 +51,4 @@ def run_validation(csv: str | Path, specs_dir: str | Path | None = None) -> Vali
     csv = Path(csv)
     cases = load_cases(csv)
     preds = predict_all(cases, ClusterCache(specs_dir or repo_root() / "cluster_specs"))
-    return Validation(csv, cases, preds, summarize(preds))
+    return Validation(csv, cases, preds, summarize(preds), structural_warnings(cases))

@@ -118,3 +118,25 @@ def test_published_targets():
     assert not math.isnan(s["held_out"].mape)
     assert kort_mape <= 5.0
     assert s["overall"].mape <= 8.0
+
+
+def test_structural_check_matches_analytical_flops_and_flags_a_wrong_graph(monkeypatch):
+    from comet.config.model import ModelSpec
+    from comet.config.parallel import ParallelConfig
+    from comet.graph.ir import KernelClass, Op, OpKind, new_graph
+    from comet.validate import checks
+    m = ModelSpec(name="m", layers=2, hidden=1024, heads=8, vocab=1000, seq_len=512)
+    par = ParallelConfig(global_batch=2, tp=2, gpus=2).resolve(m)
+    gemm, attn = checks.expected_layer_flops(m, par)
+    assert gemm == pytest.approx(2 * 512 * 12 * 1024 ** 2 / 2)        # 24 h^2 per token / tp
+    assert attn == pytest.approx(4 * 512 * 512 * 1024 / 2 * 0.5)       # causal flash
+    assert checks.layer_flop_check(m, par) == []
+
+    def doubled(model, p, phase=None):
+        g = new_graph()
+        g.add_node(0, op=Op("qkv", OpKind.COMPUTE, kernel=KernelClass.GEMM, flops=2 * gemm))
+        g.add_node(1, op=Op("attention", OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=attn))
+        return g
+    monkeypatch.setattr(checks.layers, "layer_forward", doubled)
+    problems = checks.layer_flop_check(m, par)
+    assert any("layer forward GEMM FLOPs are 2x" in p for p in problems)
