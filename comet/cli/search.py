@@ -61,8 +61,38 @@ class _RichProgress:
             self.bar.stop()
 
 
+class _LineProgress:
+    """Progress for a log or a pipe: a line at the start and at every 10% with rate and ETA."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.total, self.done, self.next_mark, self.t0 = None, 0, 0.1, 0.0
+
+    def start(self, total, resumed):
+        import time
+        self.total, self.t0 = total, time.monotonic()
+        if resumed:
+            self.console.print(f"resuming: {resumed} candidates already in the journal are not evaluated again")
+        self.console.print(f"search: {total if total is not None else 'up to the budget'} candidates to evaluate")
+
+    def advance(self, row):
+        import time
+        self.done += 1
+        if not self.total or self.done / self.total < self.next_mark:
+            return
+        self.next_mark += 0.1
+        elapsed = time.monotonic() - self.t0
+        rate = self.done / elapsed if elapsed > 0 else float("nan")
+        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        self.console.print(f"search: {self.done}/{self.total} ({self.done / self.total:.0%}) "
+                           f"{rate:.1f} cand/s, ETA {eta:.0f} s")
+
+    def finish(self):
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
-    from comet.search.driver import Progress as DriverProgress, RunOptions, run_study
+    from comet.search.driver import RunOptions, run_study
     from comet.search.space import load_space
 
     for flag in ("workers", "trials", "chunk"):
@@ -73,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)   # piped or logged: wide enough for the Pareto table
-    progress = _RichProgress(console) if console.is_terminal else DriverProgress()
+    progress = _RichProgress(console) if console.is_terminal else _LineProgress(console)
     opts = RunOptions(out=Path(args.out) if args.out else None, executor=args.executor, workers=args.workers,
                       address=args.address, trials=args.trials, seed=args.seed, chunk_size=args.chunk,
                       timelines=not args.no_timelines, progress=progress)
@@ -97,7 +127,8 @@ def _print_outcome(console: Console, outcome, space) -> None:
         extra = [c for c in cluster_columns(outcome.frame) if c != "gpus"]
         table = Table(title=f"Pareto set ({len(outcome.front)} designs)")
         for c in extra + cols:
-            table.add_column(c, justify="right" if c != "label" else "left")
+            table.add_column(HEADERS.get(c, c), justify="right" if c != "label" else "left",
+                             no_wrap=c == "label", min_width=30 if c == "label" else None)
         for _, r in outcome.front.head(25).iterrows():
             table.add_row(*[_cell(r[c]) for c in extra + cols])
         console.print(table)
@@ -108,7 +139,16 @@ def _print_outcome(console: Console, outcome, space) -> None:
     sys.stdout.flush()
 
 
+HEADERS = {"expansion_GB": "exp GB", "expansion_bandwidth_GBps": "exp GB/s", "scaleup_size": "NVL",
+           "scaleup_bandwidth_GBps": "NVL GB/s", "scaleout_bandwidth_GBps": "IB GB/s", "hbm_GB": "HBM GB",
+           "hbm_bandwidth_GBps": "HBM GB/s", "oversubscription": "oversub", "compute_scale": "FLOP x",
+           "time_to_train_days": "days", "cost_per_run_usd": "run USD", "capex_usd": "capex USD",
+           "energy_MWh": "MWh", "step_time_s": "step s"}
+
+
 def _cell(v) -> str:
     if isinstance(v, float):
+        if v != v:
+            return "-"
         return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
     return str(v)

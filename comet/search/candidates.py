@@ -96,6 +96,8 @@ class CandidateFactory:
         prov = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("cluster.")}
         par = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("parallel.")}
         gpus = prov.pop("gpus", None)
+        if par.get("schedule") == "interleaved_1f1b" and par.get("vpp", 1) == 1:
+            par["schedule"] = "1f1b"   # one virtual stage: Megatron runs the plain 1F1B schedule
         parallel = self._resolve(par, gpus)
         if isinstance(parallel, Pruned):
             return Pruned(parallel.category, parallel.reason, params)
@@ -145,10 +147,16 @@ def grid_values(space: SearchSpace) -> Iterator[dict[str, Any]]:
 def grid(space: SearchSpace, factory: CandidateFactory) -> Iterator[Candidate]:
     bw_axis = next((a for a in space.provision if a.short == "expansion_bandwidth_GBps"), None)
     first_bw = bw_axis.values[0] if bw_axis else None
+    sched_axis = next((a for a in space.parallel if a.short == "schedule"), None)
+    plain_in_grid = sched_axis is not None and "1f1b" in sched_axis.values
     for number, values in enumerate(grid_values(space)):
-        if values.get("cluster.expansion_GB") == 0 and bw_axis and values[bw_axis.name] != first_bw:
+        repeat = values.get("cluster.expansion_GB") == 0 and bw_axis and values[bw_axis.name] != first_bw
+        # interleaved 1F1B with one virtual stage is the plain 1F1B point of the same grid
+        repeat = repeat or (plain_in_grid and values.get("parallel.schedule") == "interleaved_1f1b"
+                            and values.get("parallel.vpp", 1) == 1)
+        if repeat:
             factory.stats.proposed += 1
-            factory.stats.duplicates += 1   # no expansion tier: its bandwidth does not matter
+            factory.stats.duplicates += 1
             continue
         out = factory.make(values, number)
         if isinstance(out, Candidate) and factory.is_new(out):

@@ -113,6 +113,10 @@ def _case_study(df: pd.DataFrame, ctx) -> list[str]:
                      f"({cluster_text(sp['best'], ccols)}) to {sp['worst'][analysis.TIME]:.1f} days "
                      f"({cluster_text(sp['worst'], ccols)}): **{sp['ratio']:.1f}x** apart "
                      "(COMET reports up to 7.7x).")
+        ok = analysis.feasible(df)
+        lines[-1] += (f" Across all {len(ok)} feasible designs (any parallel configuration), time-to-train spans "
+                      f"{ok[analysis.TIME].min():.1f} to {ok[analysis.TIME].max():.1f} days "
+                      f"({ok[analysis.TIME].max() / ok[analysis.TIME].min():.1f}x).")
         by_gpus = analysis.spread_by_gpus(df)
         if by_gpus:
             lines[-1] += (" At a fixed GPU count, provisioning alone (memory, scale-up, scale-out) spans "
