@@ -16,17 +16,7 @@ import math
 import networkx as nx
 
 from comet.graph.ir import COMPUTE_STREAM, DepKind, GroupKind, Op, OpKind, Phase, StepGraph, new_graph
-from comet.replay.schedule import FWD, stage_tasks
-
-
-def _sequence(plan, stage: int, chunk: int, phase: int) -> list[str]:
-    vs = chunk * plan.pp + stage
-    last = plan.pp * plan.vpp - 1
-    n = plan.chunk_layers[vs]
-    if phase == FWD:
-        return (["embedding.fwd"] if vs == 0 else []) + ["layer.fwd"] * n + (["head.fwd"] if vs == last else [])
-    per_layer = (["layer.recompute"] if plan.recompute_layers else []) + ["layer.bwd"]
-    return (["head.bwd"] if vs == last else []) + per_layer * n + (["embedding.bwd"] if vs == 0 else [])
+from comet.replay.schedule import FWD, stage_tasks, task_blocks
 
 
 class _Expander:
@@ -110,7 +100,7 @@ def _emit_task(ex, graph, s, c, ph, mb, vs, need, task_send, task_tail, layer_do
         after.append(ids[math.ceil(len(ids) / n) - 1])
     last_bwd = ph != FWD and mb == plan.num_microbatches - 1
     layer = 0
-    for key in _sequence(plan, s, c, ph):
+    for key in task_blocks(plan, s, c, ph):
         after = ex.block(key, s, mb, layer, after)
         if key in ("layer.fwd", "layer.bwd"):
             layer += 1

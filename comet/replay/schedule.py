@@ -51,3 +51,15 @@ def stage_tasks(schedule: str, pp: int, vpp: int, m: int, stage: int) -> tuple[n
     """(phase, chunk, microbatch) of one stage, in execution order."""
     phase, chunk, mb = all_stage_tasks(schedule, pp, vpp, m)
     return phase[stage], chunk[stage], mb[stage]
+
+
+def task_blocks(plan, stage: int, chunk: int, phase: int) -> list[str]:
+    """The blocks one task runs, in order: a model chunk's layers, with the embedding on the first
+    virtual stage and the output head on the last; backward runs each layer's recompute first."""
+    vs = chunk * plan.pp + stage
+    last = plan.pp * plan.vpp - 1
+    n = plan.chunk_layers[vs]
+    if phase == FWD:
+        return (["embedding.fwd"] if vs == 0 else []) + ["layer.fwd"] * n + (["head.fwd"] if vs == last else [])
+    per_layer = (["layer.recompute"] if plan.recompute_layers else []) + ["layer.bwd"]
+    return (["head.bwd"] if vs == last else []) + per_layer * n + (["embedding.bwd"] if vs == 0 else [])

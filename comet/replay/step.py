@@ -12,7 +12,7 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.pipeline import StagePrograms, build_programs, solve
-from comet.replay.schedule import BWD, FWD
+from comet.replay.schedule import BWD, FWD, task_blocks
 from comet.replay.timing import op_time_s
 from comet.result import BREAKDOWN_KEYS
 
@@ -60,17 +60,11 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
     for s in range(pp):
         for c in range(vpp):
             vs = c * pp + s
-            n = plan.chunk_layers[vs]
             fp, bp = f_parts[s][c], b_parts[s][c]
-            _scaled(blocks["layer.fwd"].parts, n, fp)
-            _scaled(blocks["layer.bwd"].parts, n, bp)
-            _scaled(blocks["layer.recompute"].parts, plan.recompute_layers, bp)
-            if vs == 0:
-                _scaled(blocks["embedding.fwd"].parts, 1, fp)
-                _scaled(blocks["embedding.bwd"].parts, 1, bp)
-            if vs == last:
-                _scaled(blocks["head.fwd"].parts, 1, fp)
-                _scaled(blocks["head.bwd"].parts, 1, bp)
+            for key in task_blocks(plan, s, c, FWD):
+                _scaled(blocks[key].parts, 1, fp)
+            for key in task_blocks(plan, s, c, BWD):
+                _scaled(blocks[key].parts, 1, bp)
             # Blocking point-to-point send of the boundary activation / gradient (wrap-around from the
             # last stage to the first between model chunks of the interleaved schedule).
             if vs != last:

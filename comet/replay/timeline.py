@@ -7,21 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from comet.replay.schedule import FWD
+from comet.replay.schedule import FWD, task_blocks
 from comet.replay.step import StepReplay
 
 US = 1e6
-
-
-def _sequence(plan, stage: int, chunk: int, phase: int) -> list[str]:
-    """The blocks a task runs, in order."""
-    vs = chunk * plan.pp + stage
-    last = plan.pp * plan.vpp - 1
-    n = plan.chunk_layers[vs]
-    if phase == FWD:
-        return (["embedding.fwd"] if vs == 0 else []) + ["layer.fwd"] * n + (["head.fwd"] if vs == last else [])
-    per_layer = (["layer.recompute"] if plan.recompute_layers else []) + ["layer.bwd"]
-    return (["head.bwd"] if vs == last else []) + per_layer * n + (["embedding.bwd"] if vs == 0 else [])
 
 
 def step_timeline(rep: StepReplay, plan=None, max_events: int = 1_000_000) -> list[dict]:
@@ -33,7 +22,7 @@ def step_timeline(rep: StepReplay, plan=None, max_events: int = 1_000_000) -> li
     for s in range(pp):
         events.append({"ph": "M", "name": "process_name", "pid": s, "args": {"name": f"stage {s} (rank)"}})
     ops_per_task = {k: (len(b.replay.compiled) if b.replay else 0) for k, b in rep.blocks.items()}
-    estimate = sum(sum(ops_per_task[k] for k in _sequence(plan, s, int(prog.chunk[i]), int(prog.phase[i])))
+    estimate = sum(sum(ops_per_task[k] for k in task_blocks(plan, s, int(prog.chunk[i]), int(prog.phase[i])))
                    for s in range(pp) for i in range(prog.offset[s], min(prog.offset[s] + 2, prog.offset[s + 1])))
     expand_ops = all(b.replay is not None for b in rep.blocks.values() if b.duration_s > 0) and \
         estimate * (prog.n // max(2 * pp, 1)) <= max_events
@@ -46,7 +35,7 @@ def step_timeline(rep: StepReplay, plan=None, max_events: int = 1_000_000) -> li
                            "ts": start * US, "dur": float(prog.dur[i]) * US, "args": {"microbatch": mb, "chunk": c}})
             if expand_ops:
                 t = start
-                for key in _sequence(plan, s, c, ph):
+                for key in task_blocks(plan, s, c, ph):
                     b = rep.blocks[key]
                     if b.replay is not None:
                         r = b.replay

@@ -206,14 +206,14 @@ def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Dep
         # Ring attention: cp steps; step j uses the K/V block received in step j-1 (K and V, and in
         # backward also their gradients, travel around the CP ring).
         kv_block = D.T * 2 * (D.kv // D.t) * ACT_BYTES * (2 if backward else 1)
-        prev = None
-        recv = None
+        step, arrived = None, None   # the previous attention chunk and the transfer it handed on
         for j in range(D.cp):
-            nxt = bb.send(f"{name}.cp_exchange[{j}]", kv_block, GroupKind.CP, deps + ([recv] if recv else [])) \
-                if j < D.cp - 1 else None
-            prev = bb.attention(f"{name}[{j}]", flops / D.cp, shape, deps + [x for x in (prev, recv) if x is not None])
-            recv = nxt
-        return [prev]
+            waits = deps + [x for x in (step, arrived) if x is not None]
+            transfer = (bb.send(f"{name}.cp_exchange[{j}]", kv_block, GroupKind.CP, deps + ([arrived] if arrived else []))
+                        if j < D.cp - 1 else None)
+            step = bb.attention(f"{name}[{j}]", flops / D.cp, shape, waits)
+            arrived = transfer
+        return [step]
     # Unfused (Megatron before flash attention): batched QK^T and PV GEMMs over the full square, and
     # softmax + mask + dropout over b*heads*T*s scores (2-byte scores, 1-byte mask; Korthikanti sec. 4.1).
     scores = D.b * D.heads * D.T * D.s
