@@ -23,7 +23,7 @@ from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, 
 from comet.search.context import (Candidate, EvalContext, context_fingerprint, evaluate_candidate,
                                   parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
-from comet.search.space import Method, SearchSpace
+from comet.search.space import PARALLEL_AXES, Method, SearchSpace
 
 
 class Progress:
@@ -105,10 +105,7 @@ def build_base(space: SearchSpace, model) -> Any:
     params = dict(space.base.build)
     gpus_axis = next((a for a in space.provision if a.short == "gpus" and a.is_grid), None)
     gpus = params.pop("gpus", None) or (None if params.get("dp") else gpus_axis.values[0] if gpus_axis else None)
-    canon = {}
-    for k, v in params.items():
-        from comet.search.space import PARALLEL_AXES
-        canon[k] = PARALLEL_AXES[k](v, f"base.build.{k}")
+    canon = {k: PARALLEL_AXES[k](v, f"base.build.{k}") for k, v in params.items()}
     try:
         par = parallel_from_params(canon, space.global_batch, gpus).resolve(model)
     except ConfigError as exc:

@@ -114,3 +114,10 @@ def test_random_method_respects_trials(tiny_raw, tmp_path):
     assert out.evaluated_now == 7
     more = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False, trials=9))
     assert more.resumed == 7 and more.evaluated_now == 2     # same seed: the same first 7, then 2 new
+
+
+def test_wall_time_budget_stops_proposing(tiny_raw, tmp_path):
+    tiny_raw["budget"] = {"wall_time_s": 1e-9}
+    out = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
+    assert out.evaluated_now == 0 and not out.interrupted
+    assert (tmp_path / "summary.md").exists()
