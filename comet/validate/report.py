@@ -154,6 +154,13 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
               "from the cluster specs; their YAML comments say when, by which command and on which rows they "
               "were fitted."]
     lines += params_md(specs_dir, fits)
+    lines += ["", "## Commands", "",
+              "- `comet validate [CSV] [--json OUT] [--docs [MD]]`: predict every row, print the table and the "
+              "summary (default CSV ../shared/calibration/published.csv); `--docs` writes this file.",
+              "- `comet validate --fit` (or `python -m comet.validate.calibrate [CSV] [--no-write]`): re-fit the "
+              "parameters above, write them into cluster_specs/*.yaml and regenerate this file.",
+              "- `pytest -m slow tests/validate`: the targets (Korthikanti iteration times <= 5% MAPE, overall "
+              "<= 8%) on the shipped CSV and specs."]
     lines += ["", "## Rows", ""]
     lines += rows_md(val)
     lines += ["", "## Known limitations", ""]
