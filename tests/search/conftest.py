@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "search_spaces" / "tiny.yaml"
+from search_fakes import ROOT, TINY
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from comet.search.context import apply_provisioning
 from comet.search.driver import RunOptions, build_context
 from comet.search.space import grid_size, load_space, parse_space
 
-from conftest import ROOT
+from search_fakes import ROOT
 
 
 def _factory(space):

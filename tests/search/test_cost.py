@@ -12,7 +12,7 @@ from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec
 from comet.search.context import apply_provisioning
 
-from conftest import ROOT
+from search_fakes import ROOT
 
 
 @pytest.fixture

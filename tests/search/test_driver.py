@@ -9,12 +9,12 @@ import optuna
 import pandas as pd
 import pytest
 
-import fakes
+import search_fakes as fakes
 from comet.search.driver import RunOptions, run_study
 from comet.search.results import JOURNAL
 from comet.search.space import parse_space
 
-from conftest import ROOT
+from search_fakes import ROOT
 
 TINY_SOURCE = str(ROOT / "search_spaces" / "tiny.yaml")
 
@@ -121,3 +121,12 @@ def test_wall_time_budget_stops_proposing(tiny_raw, tmp_path):
     out = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
     assert out.evaluated_now == 0 and not out.interrupted
     assert (tmp_path / "summary.md").exists()
+
+
+def test_optuna_same_seed_same_trials(tiny_raw, tmp_path):
+    tiny_raw.update(method="optuna-tpe", budget={"trials": 12}, batch=4, seed=7)
+    tiny_raw["parallel"]["micro_batch"] = {"low": 1, "high": 4}
+    space = parse_space(tiny_raw, TINY_SOURCE)
+    runs = [run_study(space, _opts(tmp_path / name, timelines=False)) for name in ("a", "b")]
+    a, b = (list(r.frame.sort_values("number")["key"]) for r in runs)
+    assert a == b and len(a) > 0

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import fakes
+import search_fakes as fakes
 from comet.cli import main
 from comet.search.driver import RunOptions, run_study
 from comet.search.space import load_space, parse_space
 
-from conftest import TINY
+from search_fakes import TINY
 
 COLUMNS = ["key", "label", "status", "reason", "gpus", "step_time_s", "mfu", "memory_gb_per_gpu",
            "breakdown.compute", "breakdown.exposed_dp", "time_to_train_days", "cost_per_run_usd", "capex_usd"]

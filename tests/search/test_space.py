@@ -8,7 +8,7 @@ from comet.cli import main
 from comet.errors import ConfigError
 from comet.search.space import Method, Metric, grid_size, load_space, parse_space
 
-from conftest import ROOT
+from search_fakes import ROOT
 
 
 @pytest.mark.parametrize("name", ["tiny", "gpt3_175b", "gpt3_1t"])

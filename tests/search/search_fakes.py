@@ -1,5 +1,5 @@
-"""A fake evaluate/precheck for driver-mechanics tests only (resume, Ctrl-C, crashes). End-to-end
-tests call the real comet.evaluate."""
+"""Test helpers for the search tests: paths, and a fake evaluate/precheck for driver-mechanics tests only
+(resume, Ctrl-C, crashes). End-to-end tests call the real comet.evaluate."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from comet.result import BREAKDOWN_KEYS, CandidateStatus, Result
 
 # A worker evaluating a configuration whose label starts with the text in this file dies (os._exit).
 # A file, not an environment variable, so Ray workers started before the test see it.
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "search_spaces" / "tiny.yaml"
+
 CRASH_FILE = Path(tempfile.gettempdir()) / f"comet-fake-crash-tp-{os.getuid()}"
 INTERRUPT_AFTER = {"n": None, "count": 0}  # raise KeyboardInterrupt after n calls (serial executor)
 
