@@ -71,7 +71,7 @@ def _counts(df: pd.DataFrame, stats) -> list[str]:
     if stats.by_category:
         lines += ["| pruned because | count | example |", "|---|---|---|"]
         for cat, n in stats.by_category.most_common():
-            lines.append(f"| {cat} | {n} | {stats.examples[cat][:140]} |")
+            lines.append(f"| {cat} | {n} | {_example(cat, stats.examples[cat])} |")
         lines.append("")
     bad = df[df["status"] != "ok"] if not df.empty else df
     if not bad.empty:
@@ -80,6 +80,15 @@ def _counts(df: pd.DataFrame, stats) -> list[str]:
             lines.append(f"| {reason} | {n} |")
         lines.append("")
     return lines
+
+
+def _example(category: str, reason: str) -> str:
+    """The part of a (possibly compound) reason that belongs to its category, shortened."""
+    parts = reason.split("; ")
+    if "expansion" in category:
+        parts = [p for p in parts if "expansion" in p] or parts
+    text = parts[0]
+    return text if len(text) <= 260 else text[:257] + "..."
 
 
 def _best(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace) -> list[str]:
@@ -92,9 +101,12 @@ def _best(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace) -> list[str
     rows = []
     for o in space.objectives:
         if o.column in ok:
-            i = ok[o.column].idxmin() if o.direction is Direction.MIN else ok[o.column].idxmax()
-            rows.append(ok.loc[i].copy())
-            rows[-1]["objective"] = f"{o.metric.value} {o.direction.value}"
+            # ties (e.g. equal capex) are broken by the other objectives, in their order
+            order = [o] + [x for x in space.objectives if x is not o]
+            best = ok.sort_values([x.column for x in order],
+                                  ascending=[x.direction is Direction.MIN for x in order]).iloc[0].copy()
+            best["objective"] = f"{o.metric.value} {o.direction.value}"
+            rows.append(best)
     lines += _table(pd.DataFrame(rows), ["objective"] + show)
     lines += ["", f"## Pareto set ({len(front)} designs; first {min(len(front), 20)})", ""]
     lines += _table(front.head(20), show)
