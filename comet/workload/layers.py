@@ -199,8 +199,8 @@ def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Dep
     if bb.par.flash_attention:
         # Causal: each query sees on average half the keys; with load-balanced context parallelism
         # every rank does 1/cp of the full causal work (Megatron-Core CP).
-        flops = 4.0 * D.b * D.heads * D.T * D.s * D.d * 0.5 * (FLASH_BWD_FLOP_RATIO if backward else 1.0)
-        shape = (D.b * D.heads, D.T, D.s, D.d)
+        flops = 4.0 * D.heads * D.T * D.s * D.d * 0.5 * (FLASH_BWD_FLOP_RATIO if backward else 1.0)
+        shape = (D.b * D.heads, D.T // D.b, D.s, D.d)
         if D.cp == 1:
             return [bb.attention(name, flops, shape, deps)]
         # Ring attention: cp steps; step j uses the K/V block received in step j-1 (K and V, and in
@@ -215,12 +215,13 @@ def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Dep
             arrived = transfer
         return [step]
     # Unfused (Megatron before flash attention): batched QK^T and PV GEMMs over the full square, and
-    # softmax + mask + dropout over b*heads*T*s scores (2-byte scores, 1-byte mask; Korthikanti sec. 4.1).
-    scores = D.b * D.heads * D.T * D.s
+    # softmax + mask + dropout over b*heads*(s/cp)*s scores (T already counts the micro-batch; 2-byte
+    # scores, 1-byte mask; Korthikanti sec. 4.1).
+    scores = D.heads * D.T * D.s
     passes = 2 if backward else 1
-    g1 = [bb.gemm(f"{name}.qk", D.T, D.s, D.d, deps, batch=D.b * D.heads) for _ in range(passes)]
+    g1 = [bb.gemm(f"{name}.qk", D.T // D.b, D.s, D.d, deps, batch=D.b * D.heads) for _ in range(passes)]
     sm = [bb.memory(f"{name}.softmax_dropout", scores * (7 if backward else 5), g1)]
-    return [bb.gemm(f"{name}.pv", D.T, D.d, D.s, sm, batch=D.b * D.heads) for _ in range(passes)][-1:]
+    return [bb.gemm(f"{name}.pv", D.T // D.b, D.d, D.s, sm, batch=D.b * D.heads) for _ in range(passes)][-1:]
 
 
 # ------------------------------------------------------------------------------------------- blocks

@@ -73,3 +73,13 @@ def test_model_flops_equal_korthikanti_formula(gpt3_175b):
     B, L, s, h, V = 1536, 96, 2048, 12288, 51200
     korthikanti = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
     assert model_flops_per_step(gpt3_175b, B) == pytest.approx(korthikanti, rel=1e-3)
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_attention_work_scales_with_micro_batch_once(gpt3_175b, flash):
+    """T already counts the micro-batch: doubling it doubles attention work (regression: it was squared)."""
+    def attention_work(mb):
+        par = ParallelConfig(tp=8, pp=8, gpus=512, global_batch=64, micro_batch=mb, flash_attention=flash)
+        g = build_step_graph(gpt3_175b, par.resolve(gpt3_175b)).blocks["layer.fwd"]
+        return sum(op.flops + op.bytes for _, op in ops(g) if "attention" in op.name)
+    assert attention_work(2) == pytest.approx(2 * attention_work(1))
