@@ -9,7 +9,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -123,6 +123,7 @@ class _State:
         self.journal, self.fingerprint, self.progress = journal, fingerprint, progress
         self.done = {k: r for k, r in journal.load().items() if r.get("fp") == fingerprint}
         self.from_journal = frozenset(self.done)
+        self.scope: set[str] | None = None     # keys of this space's candidates (None: every record)
         self.evaluated_now = 0
         self.resumed = 0
         self.rows: dict[str, dict] = {}
@@ -172,13 +173,6 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
     return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts)
 
 
-def _stream_of(space: SearchSpace, factory: CandidateFactory, seed: int) -> tuple[Iterator[Candidate], int | None]:
-    if space.method is Method.GRID:
-        cands = list(grid(space, factory))   # pruning is cheap: do it all first, so the total is known
-        return iter(cands), len(cands)
-    return random_candidates(space, factory, seed), None
-
-
 def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
     if opts.chunk_size:
         return opts.chunk_size
@@ -189,11 +183,17 @@ def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
 
 
 def _run_stream(space, factory, state: _State, executor, seed, trials, deadline, opts) -> None:
-    cands, total = _stream_of(space, factory, seed)
-    if trials is not None:
-        total = min(total, trials) if total is not None else trials
-    resumed_keys = [k for k in state.done]
-    opts.progress.start(total, len(resumed_keys))
+    if space.method is Method.GRID:
+        listed = list(grid(space, factory))   # pruning is cheap: do it all first, so the total is known
+        listed = listed[:trials] if trials is not None else listed
+        state.scope = {c.key for c in listed}
+        done = len(state.scope & state.done.keys())
+        total, cands = len(listed) - done, iter(listed)
+        opts.progress.start(total, done)
+    else:
+        state.scope = set()
+        cands, total = random_candidates(space, factory, seed), trials
+        opts.progress.start(total, 0)
     size = _chunk_size(opts, executor, total)
     taken = 0          # candidates proposed so far that count toward the trial budget
     exhausted = False
@@ -206,6 +206,7 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
                     exhausted = True
                     break
                 taken += 1
+                state.scope.add(cand.key)
                 if cand.key in state.done:
                     state.resumed += 1
                     continue
@@ -269,7 +270,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
             opts) -> StudyOutcome:
     from comet.search import plots, summary
 
-    records = list(state.done.values())
+    records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
     df = res_io.to_frame(records)
     front = res_io.pareto_rows(df, space)
     files = res_io.write_tables(df, front, out) if not df.empty else []

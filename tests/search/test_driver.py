@@ -130,3 +130,11 @@ def test_optuna_same_seed_same_trials(tiny_raw, tmp_path):
     runs = [run_study(space, _opts(tmp_path / name, timelines=False)) for name in ("a", "b")]
     a, b = (list(r.frame.sort_values("number")["key"]) for r in runs)
     assert a == b and len(a) > 0
+
+
+def test_narrowed_space_reuses_results_and_reports_only_its_candidates(tiny_raw, tmp_path):
+    run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
+    tiny_raw["cluster"]["gpus"] = [64]
+    narrow = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
+    assert narrow.evaluated_now == 0 and narrow.resumed == 16
+    assert set(narrow.frame["gpus"]) == {64} and len(narrow.frame) == 16
