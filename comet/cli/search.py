@@ -132,6 +132,9 @@ def _print_outcome(console: Console, outcome, space) -> None:
         for _, r in outcome.front.head(25).iterrows():
             table.add_row(*[_cell(r[c]) for c in extra + cols])
         console.print(table)
+    if outcome.budget_stop:
+        console.print("[yellow]wall-time budget reached[/]: candidates are left; run the same command again "
+                      "to continue", highlight=False)
     if outcome.interrupted:
         console.print("[yellow]interrupted[/]: results so far were saved; run the same command again to resume",
                       highlight=False)

@@ -6,6 +6,7 @@ Ctrl-C). Re-running the same command resumes: candidates already in the journal 
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,6 +61,7 @@ class StudyOutcome:
     errors: int
     interrupted: bool
     wall_s: float
+    budget_stop: bool
     files: list[Path]
 
 
@@ -124,6 +126,7 @@ class _State:
         self.done = {k: r for k, r in journal.load().items() if r.get("fp") == fingerprint}
         self.from_journal = frozenset(self.done)
         self.scope: set[str] | None = None     # keys of this space's candidates (None: every record)
+        self.budget_stop = False                # stopped by the wall-time budget with candidates left
         self.evaluated_now = 0
         self.resumed = 0
         self.rows: dict[str, dict] = {}
@@ -186,6 +189,9 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
     if space.method is Method.GRID:
         listed = list(grid(space, factory))   # pruning is cheap: do it all first, so the total is known
         listed = listed[:trials] if trials is not None else listed
+        # evaluate in a seeded random order, so a study cut short by its wall-time budget (or Ctrl-C)
+        # has sampled every cluster configuration; the tables are sorted back into grid order
+        random.Random(seed).shuffle(listed)
         state.scope = {c.key for c in listed}
         done = len(state.scope & state.done.keys())
         total, cands = len(listed) - done, iter(listed)
@@ -198,7 +204,11 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
     taken = 0          # candidates proposed so far that count toward the trial budget
     exhausted = False
     while True:
-        while not exhausted and executor.in_flight < executor.capacity and (deadline is None or time.monotonic() < deadline):
+        while not exhausted and executor.in_flight < executor.capacity:
+            if deadline is not None and time.monotonic() >= deadline:
+                state.budget_stop = next(cands, None) is not None
+                exhausted = True
+                break
             chunk = []
             while len(chunk) < size and (trials is None or taken < trials):
                 cand = next(cands, None)
@@ -229,7 +239,10 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
     counted = proposer.evaluated_before
     opts.progress.start(trials if trials < 10**9 else None, counted)
     asks = 0
-    while counted < trials and asks < 20 * trials + 100 and (deadline is None or time.monotonic() < deadline):
+    while counted < trials and asks < 20 * trials + 100:
+        if deadline is not None and time.monotonic() >= deadline:
+            state.budget_stop = True
+            break
         asked = [proposer.ask() for _ in range(min(space.batch, trials - counted))]
         asks += len(asked)
         todo: dict[str, Candidate] = {}
@@ -284,7 +297,8 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     wall_s = time.monotonic() - t0
     errors = int((df["status"] == "error").sum()) if not df.empty else 0
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
-                           resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s, files=files)
+                           resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
+                           budget_stop=state.budget_stop, files=files)
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 

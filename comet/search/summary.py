@@ -48,7 +48,9 @@ def write_summary(outcome, space: SearchSpace, ctx, out: Path) -> Path:
              + ", ".join(f"{o.metric.value} ({o.direction.value})" for o in space.objectives),
              f"- run: {outcome.wall_s:.1f} s wall, {outcome.evaluated_now} candidates evaluated now, "
              f"{outcome.resumed} taken from an earlier run" + (" -- **interrupted**: re-run to resume" if
-                                                               outcome.interrupted else ""), ""]
+                                                               outcome.interrupted else "")
+             + (" -- **stopped by the wall-time budget** with candidates left: re-run to continue"
+                if outcome.budget_stop else ""), ""]
     lines += _counts(df, stats)
     if df.empty or (df["status"] == "ok").sum() == 0:
         lines += ["", "No feasible candidate: see the reasons above."]

@@ -119,7 +119,7 @@ def test_random_method_respects_trials(tiny_raw, tmp_path):
 def test_wall_time_budget_stops_proposing(tiny_raw, tmp_path):
     tiny_raw["budget"] = {"wall_time_s": 1e-9}
     out = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
-    assert out.evaluated_now == 0 and not out.interrupted
+    assert out.evaluated_now == 0 and not out.interrupted and out.budget_stop
     assert (tmp_path / "summary.md").exists()
 
 
