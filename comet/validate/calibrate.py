@@ -244,7 +244,8 @@ def _replace_key(lines: list[str], start: int, end: int, key: str, value: float,
     for i in range(start, end):
         m = pat.match(lines[i])
         if m:
-            old_comment = re.sub(r"^(fit|derived) [^:]*: ?", "", m.group(4) or "")
+            # drop the note of an earlier fit ("fit <date> (prior x)", alone or before ": original")
+            old_comment = re.sub(r"^(fit|derived) \d{4}-\d{2}-\d{2}[^:]*(: ?|$)", "", m.group(4) or "")
             comment = note + (f": {old_comment}" if old_comment else "")
             lines[i] = f"{m.group(1)}{key}: {_fmt(value)}  # {comment}"
             return True

@@ -67,10 +67,13 @@ PROFILES: tuple[SourceProfile, ...] = (
                   defaults_note="micro-batch 1, bf16, flash attention (TE), distributed optimizer (ZeRO 1), "
                                 "SP with TP, --tp-comm-overlap, overlapped grad reduce and param gather, "
                                 "no recompute, 1F1B without interleaving (vpp not stated)"),
+    # PyTorch FSDP's forward_prefetch defaults to False and llm-foundry's benchmark configs do not set
+    # it: each unit's forward waits for its own parameter all-gather (backward prefetch is on).
     SourceProfile("mosaicml", "MosaicML llm-foundry", ("mosaicml", "llm-foundry"), precision="bf16",
-                  flash_attention=True, zero=3, recompute="none",
+                  flash_attention=True, zero=3, recompute="none", overlap_param_gather=False,
                   defaults_note="FSDP FULL_SHARD = ZeRO 3 (SHARD_GRAD_OP = ZeRO 2 where the notes say so), "
-                                "bf16, flash attention, no TP/PP; tokens/s/GPU compared directly"),
+                                "bf16, flash attention, no TP/PP, no forward prefetch of the parameter "
+                                "all-gathers (FSDP default); tokens/s/GPU compared directly"),
 )
 
 GENERIC = SourceProfile("generic", "other", (), defaults_note="ParallelConfig defaults: micro-batch 1, bf16, "

@@ -229,15 +229,20 @@ def _layer_weight_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     return model.layer_params / par.tp * ACT_BYTES
 
 
-def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bool) -> None:
+def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bool) -> list:
     """Per-layer traffic that overlaps the layer's compute in steady state: the ZeRO-3 gather of the
     next layer's weights (and, backward, the reduce-scatter of the previous layer's gradients), and
     expansion-tier streaming of weights / activations. They have no dependency inside the block: each
-    stands for the prefetch issued one layer ahead; the block ends when they are done."""
+    stands for the prefetch issued one layer ahead; the block ends when they are done. Without
+    forward prefetch (overlap_param_gather off; PyTorch FSDP's default forward_prefetch=False) the
+    forward gathers the layer's own weights first: returns what the layer's first kernel waits for."""
     par = bb.par
     weights = _layer_weight_bytes(model, par)
+    first: list = []
     if par.zero >= 3 and par.dp * par.cp > 1:
-        bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [])
+        ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [])
+        if not backward and not par.overlap_param_gather:
+            first = [ag]
         if backward:   # gradients reduced in bf16 (FSDP MixedPrecision reduce_dtype)
             bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, weights, GroupKind.DP, [])
     if OffloadTarget.WEIGHTS in par.offload:
@@ -246,13 +251,13 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
         from comet.workload.memory import activation_bytes_per_layer
         bb.offload("offload.activations_in" if backward else "offload.activations_out",
                    activation_bytes_per_layer(model, par), [])
+    return first
 
 
 def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FORWARD) -> nx.DiGraph:
     D = Dims.of(model, par)
     bb = BlockBuilder(phase, par, model)
-    _zero3_and_offload(bb, model, D, backward=False)
-    x = norm(bb, D, "input_norm", [])
+    x = norm(bb, D, "input_norm", _zero3_and_offload(bb, model, D, backward=False))
     x = tp_in(bb, D, "qkv", D.T, (D.h + 2 * D.kv) // D.t, D.h, x)
     x = attention_core(bb, D, x, backward=False)
     x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)

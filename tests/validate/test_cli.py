@@ -123,8 +123,6 @@ def test_published_targets_korthikanti_and_structure():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="at the physical bounds the H100 rows miss: Megatron-LM predicted ~8% slow and MosaicML "
-                          "~15% fast (software-stack gap, docs/validation.md); overall MAPE 8.6% > 8%", strict=False)
 def test_published_target_overall_mape():
     val = _published()
     assert val.summary["overall"].mape <= 8.0
