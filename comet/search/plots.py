@@ -83,7 +83,8 @@ def _breakdown(rows: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10
     rows = rows.drop_duplicates(subset=[o.column for o in space.objectives]).head(top)
     fig, ax = plt.subplots(figsize=(11, 0.5 * len(rows) + 2.5))
     left = np.zeros(len(rows))
-    labels = [f"{cluster_tag(r)}  {r['label']}" for _, r in rows.iterrows()]
+    labels = [f"{cluster_tag(r)}  {r['label']}" + (f" off:{r['offload']}" if r.get("offload", "none") != "none" else "")
+              for _, r in rows.iterrows()]
     for i, key in enumerate(BREAKDOWN_KEYS):
         col = f"breakdown.{key}"
         if col not in rows:
@@ -94,7 +95,7 @@ def _breakdown(rows: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("step time (s)")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(rows)))
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     ax.set_title(f"step-time breakdown, top {len(rows)} distinct designs by {first.column}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
