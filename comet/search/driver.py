@@ -151,8 +151,8 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
     seed = space.seed if opts.seed is None else opts.seed
     trials = opts.trials or space.budget.trials
     out = Path(opts.out) if opts.out else Path("results") / space.study
+    ctx, fingerprint = build_context(space, opts)   # bad inputs fail here, before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    ctx, fingerprint = build_context(space, opts)
     factory = CandidateFactory(space, ctx, fingerprint)
     state = _State(res_io.Journal(out / res_io.JOURNAL), fingerprint, opts.progress)
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None

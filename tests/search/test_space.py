@@ -122,3 +122,9 @@ def test_full_example_in_docs_parses():
     assert axes["parallel.dp"] == (None,) and axes["parallel.sequence_parallel"] == (None,)
     assert axes["parallel.offload"][-1] == "optimizer+activations"
     assert space.cost == {"network_usd_per_GBps": [8.0, 60.0]} and space.budget.trials == 500
+
+
+def test_cli_trace_base_not_available_is_one_line(tiny_raw, write_space, capsys):
+    tiny_raw["base"] = {"trace": "some/trace.json"}
+    code, err = _cli_error(capsys, write_space(tiny_raw, "tracebase.yaml"))
+    assert code == 2 and err.count("\n") == 1 and "base.trace" in err
