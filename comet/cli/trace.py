@@ -1,4 +1,5 @@
-"""`comet trace import` and `comet trace replay`: profiler traces in, op graph / replay report out."""
+"""`comet trace import`, `comet trace replay` and `comet trace transform`: profiler traces in, op graph /
+replay report / rescaled replay out."""
 
 from __future__ import annotations
 
@@ -34,6 +35,27 @@ def register(subparsers) -> None:
                      help="compute slowdown while communication is in flight (default 0: measured kernels)")
     rep.add_argument("--top", type=int, default=10, help="critical-path ops to list (default 10)")
     rep.set_defaults(func=run_replay)
+
+    tr = sub.add_parser("transform", help="rescale a trace (hardware, precision, data-parallel degree) and "
+                                          "replay it against the original")
+    _inputs(tr)
+    tr.add_argument("--dp", type=int, help="data-parallel degree: re-size and re-time the DP group's collectives")
+    tr.add_argument("--dp-group", action="append", default=[], metavar="NAME",
+                    help="process group that is the data-parallel group (repeatable; default: groups marked "
+                         "DP, else those spanning every rank)")
+    tr.add_argument("--cluster", metavar="SPEC.yaml", help="target cluster spec: re-time every kernel for it")
+    tr.add_argument("--from-cluster", metavar="SPEC.yaml",
+                    help="cluster spec the trace was measured on (required with --dp/--cluster/--precision)")
+    tr.add_argument("--precision", help="GEMM precision to move to: bf16, fp16 or fp8")
+    tr.add_argument("--from-precision", help="GEMM precision of the trace (default: recorded in the graph, else bf16)")
+    tr.add_argument("--tp", type=int, help="tensor-parallel degree (needs layer annotations: not on flat traces)")
+    tr.add_argument("--pp", type=int, help="pipeline-parallel degree (needs layer annotations: not on flat traces)")
+    tr.add_argument("-o", "--output", help="write the transformed graph as comet graph JSON (for `trace replay`)")
+    tr.add_argument("--json", action="store_true", help="print one JSON object")
+    tr.add_argument("--timeline", metavar="OUT.json", help="write the transformed replay as a Chrome trace")
+    tr.add_argument("--overlap-slowdown", type=float, default=0.0,
+                    help="compute slowdown while communication is in flight (default 0, as `trace replay`)")
+    tr.set_defaults(func=run_transform)
 
 
 def _inputs(p: argparse.ArgumentParser) -> None:
@@ -131,3 +153,52 @@ def run_replay(args) -> int:
     if args.timeline:
         console.print(f"wrote {args.timeline}")
     return 0
+
+
+def run_transform(args) -> int:
+    from comet.config.cluster import load_cluster
+    from comet.trace import write_graph_json
+    from comet.trace.replay import timeline
+    from comet.trace.rescale import Rescale, compare, json_safe
+    how = Rescale(dp=args.dp, precision=args.precision, from_precision=args.from_precision,
+                  cluster=load_cluster(args.cluster) if args.cluster else None,
+                  from_cluster=load_cluster(args.from_cluster) if args.from_cluster else None,
+                  dp_groups=tuple(args.dp_group), tp=args.tp, pp=args.pp)
+    how.check()                               # bad options fail before the trace is read
+    cmp = compare(_load(args), how, overlap_slowdown=args.overlap_slowdown)
+    if args.output:
+        write_graph_json(json_safe(cmp.result.graph), args.output)
+        cmp.written.append(args.output)
+    if args.timeline:
+        Path(args.timeline).write_text(json.dumps(timeline(cmp.transformed.replay)))
+        cmp.written.append(args.timeline)
+    if args.json:
+        print(json.dumps(cmp.to_dict()))
+        return 0
+    _print_transform(cmp.to_dict())
+    return 0
+
+
+def _print_transform(d: dict) -> None:
+    console = Console()
+    title = "trace transform: " + ("; ".join(d["transforms"]) or "identity (no transformation)")
+    table = Table(title=title)
+    for col in ("rank", "measured ms", "original ms", "transformed ms", "ratio"):
+        table.add_column(col, justify="right")
+
+    def fmt(x, scale=1e3, spec=".3f"):
+        return "-" if x is None else format(x * scale, spec)
+
+    for r in d["ranks"] + [d["overall"]]:
+        table.add_row(str(r["rank"]), fmt(r["measured_s"]), fmt(r["original_predicted_s"]),
+                      fmt(r["transformed_predicted_s"]), fmt(r["ratio"], 1, ".4f"))
+    console.print(table)
+    ch = d["changed"]
+    retimed = ", ".join(f"{n} {k}" for k, n in ch["retimed"].items() if n) or "none"
+    console.print(f"re-timed ops: {retimed}; collectives re-sized: {ch['resized_collectives']}"
+                  + (f"; kept measured (not modelled): {ch['kept_unmodelled']}" if ch.get("kept_unmodelled") else ""))
+    for kind, s in d["sums"].items():
+        if s["original_s"]:
+            console.print(f"  summed {kind}: {s['original_s'] * 1e3:.3f} ms -> {s['transformed_s'] * 1e3:.3f} ms")
+    for path in d["written"]:
+        console.print(f"wrote {path}")
