@@ -106,7 +106,7 @@ def rescale(g: nx.DiGraph, how: Rescale) -> RescaleResult:
     if how.pp is not None:
         out = with_pp(out, how.pp)
     if how.is_identity():
-        return RescaleResult(out, transforms, groups, _changes(g, out), _sums(g, out))
+        return RescaleResult(out, transforms, groups, {**_changes(g, out), "kept_unmodelled": 0}, _sums(g, out))
     recorded = out.graph.get("precision")
     prec = how.from_precision or (recorded if recorded in PRECISIONS else "bf16")
     out.graph.update(cluster=how.from_cluster, precision=prec, transforms=())

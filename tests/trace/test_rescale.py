@@ -80,6 +80,7 @@ def test_identity_is_exact(dlrm):
     d = compare(dlrm, Rescale()).to_dict()
     assert d["overall"]["ratio"] == 1.0 and all(r["ratio"] == 1.0 for r in d["ranks"])
     assert d["transforms"] == [] and sum(d["changed"]["retimed"].values()) == 0
+    assert d["changed"]["resized_collectives"] == d["changed"]["kept_unmodelled"] == 0
 
 
 def test_kineto_without_sizes_keeps_collectives(traces, h100):
