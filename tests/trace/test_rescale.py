@@ -46,8 +46,7 @@ def test_dp_16_retimes_dp_collectives_by_the_ring_model(dlrm, h100):
     assert new_comm > 2 * old_comm                # inter-node ring steps cost more than NVLink ones
     assert res.changed["retimed"]["collective"] == res.changed["resized_collectives"] == 64
     assert res.changed["retimed"]["compute"] == 0
-    assert {op.duration_s for _, op in ops(dlrm)} != set()   # the input graph is untouched
-    assert all(op.group_size == 8 for _, op in ops(dlrm) if op.kind is OpKind.COLLECTIVE)
+    assert all(op.group_size == 8 for _, op in ops(dlrm) if op.kind is OpKind.COLLECTIVE)   # input untouched
 
 
 def test_dp_16_replay_is_slower_and_ranks_line_up(dlrm, h100):
