@@ -70,7 +70,11 @@ class Timing:
                              "re-time it against: materialize() the graph or set meta['cluster']")
         old = op_time_s(src, self.old_cluster, self.old_precision)
         nw = op_time_s(new, self.new_cluster, self.new_precision)
-        return src.duration_s * nw / old if old > 0 else nw
+        if old > 0:
+            return src.duration_s * nw / old
+        # No model time for the source (e.g. a collective without a size, a host copy): no ratio can be
+        # formed, so the measurement stands, unless there was nothing measured to carry over.
+        return src.duration_s if src.duration_s > 0 else nw
 
 
 def measured_only(op: Op) -> bool:
