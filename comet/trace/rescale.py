@@ -130,12 +130,13 @@ def rescale(g: nx.DiGraph, how: Rescale) -> RescaleResult:
 
 
 def _keep_unmodelled(g: nx.DiGraph, out: nx.DiGraph, cluster: ClusterSpec, precision: str) -> int:
-    """Restore the measured op where an op the cost model gives 0 s was re-timed (module doc)."""
+    """Restore (and count) the measured op wherever a transformation touched an op the cost model gives
+    0 s on the measured cluster: without a model time there is no ratio to carry (module doc)."""
     from comet.replay.timing import op_time_s
     kept = 0
     for nid, op in g.nodes(data="op"):
         new = out.nodes[nid]["op"]
-        if new is op or not op.duration_s or new.duration_s == op.duration_s or op.kind not in _RATIO_KINDS:
+        if new is op or not op.duration_s or op.kind not in _RATIO_KINDS:
             continue
         if op_time_s(op, cluster, precision) <= 0:
             out.nodes[nid]["op"] = op
