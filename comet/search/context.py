@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 import json
 import traceback
 from dataclasses import dataclass, replace
@@ -123,6 +124,18 @@ def candidate_key(fingerprint: str, parallel: ParallelConfig, provision: tuple) 
     blob = json.dumps({"ctx": fingerprint, "parallel": parallel_dict(parallel), "provision": list(provision)},
                       sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def engine_fingerprint() -> str:
+    """Hash of comet's own code and data files: results of an earlier engine are not resumed."""
+    import comet
+    root = Path(comet.__file__).parent
+    h = hashlib.sha1(comet.__version__.encode())
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".yaml"):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def context_fingerprint(ctx_parts: dict) -> str:

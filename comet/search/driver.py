@@ -21,8 +21,8 @@ from comet.errors import ConfigError, UnsupportedError
 from comet.result import Result
 from comet.search import results as res_io
 from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates
-from comet.search.context import (Candidate, EvalContext, context_fingerprint, evaluate_candidate,
-                                  parallel_dict, parallel_from_params)
+from comet.search.context import (Candidate, EvalContext, context_fingerprint, engine_fingerprint,
+                                  evaluate_candidate, parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
 from comet.search.space import PARALLEL_AXES, Method, SearchSpace
 
@@ -84,7 +84,7 @@ def build_context(space: SearchSpace, opts: RunOptions) -> tuple[EvalContext, st
                       evaluate_fn=opts.evaluate_fn, precheck_fn=opts.precheck_fn)
     fingerprint = context_fingerprint({"model": dataclasses.asdict(model), "cluster": dataclasses.asdict(cluster),
                                        "job": dataclasses.asdict(space.job), "base": dataclasses.asdict(space.base),
-                                       "global_batch": space.global_batch})
+                                       "global_batch": space.global_batch, "engine": engine_fingerprint()})
     return ctx, fingerprint
 
 

@@ -138,3 +138,14 @@ def test_narrowed_space_reuses_results_and_reports_only_its_candidates(tiny_raw,
     narrow = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path, timelines=False))
     assert narrow.evaluated_now == 0 and narrow.resumed == 16
     assert set(narrow.frame["gpus"]) == {64} and len(narrow.frame) == 16
+
+
+def test_results_of_another_engine_version_are_not_resumed(tiny_raw, tmp_path, monkeypatch):
+    """A changed engine (code or shipped data) invalidates the journal: its numbers would be stale."""
+    import comet.search.driver as driver
+    space = parse_space(tiny_raw, TINY_SOURCE)
+    first = run_study(space, _opts(tmp_path, timelines=False))
+    assert first.evaluated_now == 32
+    monkeypatch.setattr(driver, "engine_fingerprint", lambda: "another-engine")
+    again = run_study(space, _opts(tmp_path, timelines=False))
+    assert again.resumed == 0 and again.evaluated_now == 32
