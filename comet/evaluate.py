@@ -4,8 +4,6 @@ reason, never as exceptions."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from comet.config.cluster import ClusterSpec
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
@@ -83,7 +81,3 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
         from comet.replay.timeline import step_timeline
         res.timeline = step_timeline(rep)
     return res
-
-
-def with_overrides(par: ParallelConfig, **changes) -> ParallelConfig:
-    return replace(par, **changes)
