@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec

@@ -125,7 +125,6 @@ def _emit_task(ex, graph, s, c, ph, mb, vs, need, task_send, task_tail, layer_do
 
 
 def _emit_tails(ex, graph, task_tail, layer_done) -> None:
-    plan = graph.plan
     for s, st in enumerate(graph.stages):
         finished = layer_done.get(("order", s), [])   # chunks in the order their last backward ran
         for bs in sorted(st.grad_buckets, key=lambda b: finished.index(b.chunk)):

@@ -30,7 +30,7 @@ import networkx as nx
 
 from comet.config.cluster import ClusterSpec
 from comet.errors import ConfigError, TraceError
-from comet.graph.ir import GroupKind, Op, OpKind, ops
+from comet.graph.ir import GroupKind, OpKind, ops
 from comet.trace.replay import TraceReplayReport, replay_trace
 
 PRECISIONS = ("bf16", "fp16", "fp8")

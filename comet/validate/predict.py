@@ -65,7 +65,7 @@ def _percent_scale(case: Case) -> float:
 
 def metric_from_result(case: Case, res: Result, cluster: ClusterSpec) -> float:
     """The row's metric computed from a step time, with the row's source FLOP accounting."""
-    model, par, t = case.model, res, res.step_time_s
+    model, t = case.model, res.step_time_s
     gpus = res.gpus
     gb = case.parallel.global_batch
     if case.metric == "iteration_time_s":

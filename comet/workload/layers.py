@@ -17,7 +17,7 @@ import networkx as nx
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
-from comet.graph.ir import (COMPUTE_STREAM, CP_STREAM, DP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
+from comet.graph.ir import (CP_STREAM, DP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
                             KernelClass, Op, OpKind, Phase, chain_streams, new_graph)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 

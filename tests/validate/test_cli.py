@@ -1,7 +1,6 @@
 """`comet validate` end to end on a small CSV, the JSON fields, bad input, and the markdown report."""
 
 import json
-import math
 
 import pytest
 
