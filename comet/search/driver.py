@@ -17,7 +17,7 @@ import pandas as pd
 from comet.config.cluster import CostSpec, load_cluster
 from comet.config.loader import from_dict
 from comet.config.model import load_model
-from comet.errors import ConfigError, UnsupportedError
+from comet.errors import ConfigError, TraceError
 from comet.result import Result
 from comet.search import results as res_io
 from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates
@@ -89,14 +89,11 @@ def build_context(space: SearchSpace, opts: RunOptions) -> tuple[EvalContext, st
 
 
 def build_base(space: SearchSpace, model) -> Any:
-    """The study's base StepGraph: built for the reference configuration, or imported."""
+    """The study's base StepGraph: built for the reference configuration, or built for the configuration a
+    profiler trace was measured with and calibrated to it per kernel class (comet/trace/calibrate_base.py;
+    its report is kept in meta['calibration'] for the caller to print)."""
     if space.base.trace is not None:
-        try:
-            from comet.trace import import_trace   # owned by the trace importers
-        except ImportError:
-            raise UnsupportedError(f"{space.source}: base.trace: importing a trace as a study base is not "
-                                   "available yet (comet.trace.import_trace missing)") from None
-        return import_trace(space.base.trace)
+        return _calibrated_base(space, model)
     if space.base.build is None:
         return None
     try:
@@ -104,16 +101,41 @@ def build_base(space: SearchSpace, model) -> Any:
     except ImportError:
         return None   # transformations not available yet: evaluate() builds each candidate's graph
     from comet.workload.builder import build_step_graph
+    return build_step_graph(model, _reference_parallel(space, model))
+
+
+def _reference_parallel(space: SearchSpace, model):
+    """The resolved ParallelConfig of `base.build`."""
     params = dict(space.base.build)
     gpus_axis = next((a for a in space.provision if a.short == "gpus" and a.is_grid), None)
     gpus = params.pop("gpus", None) or (None if params.get("dp") else gpus_axis.values[0] if gpus_axis else None)
     canon = {k: PARALLEL_AXES[k](v, f"base.build.{k}") for k, v in params.items()}
     try:
-        par = parallel_from_params(canon, space.global_batch, gpus).resolve(model)
+        return parallel_from_params(canon, space.global_batch, gpus).resolve(model)
     except ConfigError as exc:
         raise ConfigError(f"the reference configuration breaks a rule: {exc}", source=space.source,
                           field="base.build") from None
-    return build_step_graph(model, par)
+
+
+def _calibrated_base(space: SearchSpace, model) -> Any:
+    """base.trace: import the trace, build + materialize the base on base.cluster (default: the study's
+    cluster spec) and scale its kernel classes to the measured times."""
+    from comet.trace import load_trace
+    from comet.trace.calibrate_base import calibrate_base
+    spec = space.base.cluster or space.cluster_spec
+    if not Path(spec).is_file():
+        raise ConfigError(f"cluster spec not found: {spec}", source=space.source, field="base.cluster")
+    par = _reference_parallel(space, model)
+    try:
+        trace = load_trace(space.base.trace)
+    except TraceError as exc:
+        raise TraceError(f"{space.source}: base.trace: {exc}") from None
+    try:
+        base, report = calibrate_base(trace, model, par, load_cluster(spec),
+                                      where=f"base.trace ({space.base.trace})")
+    except ConfigError as exc:
+        raise ConfigError(str(exc), source=space.source) from None
+    return base.with_(meta=dict(base.meta, calibration=report))
 
 
 # ----------------------------------------------------------------------------- the run

@@ -97,7 +97,8 @@ class Objective:
 class BaseTrace:
     """The study's base trace graph: built for a reference configuration, or imported from a file."""
     build: dict | None = None        # ParallelConfig keys of the reference configuration
-    trace: str | None = None         # path to a Kineto / PyTorch ET / Chakra ET trace
+    trace: str | None = None         # path to a Kineto / PyTorch ET / Chakra ET trace measured with `build`
+    cluster: str | None = None       # cluster spec the trace was measured on (None: the study's)
 
 
 @dataclass(frozen=True)
@@ -304,23 +305,32 @@ def _parse_objectives(data: Any) -> tuple[Objective, ...]:
     return tuple(out)
 
 
-def _parse_base(data: Any) -> BaseTrace:
+def _parse_base(data: Any, source: str) -> BaseTrace:
     if data is None:
         return BaseTrace()
-    if not isinstance(data, dict) or len(data) != 1 or next(iter(data)) not in ("build", "trace"):
-        raise ConfigError(f"must be {{build: {{tp: .., pp: ..}}}} or {{trace: path}}, got {data!r}", field="base")
-    if "trace" in data:
-        if not isinstance(data["trace"], str):
-            raise ConfigError(f"must be a path, got {data['trace']!r}", field="base.trace")
-        return BaseTrace(trace=data["trace"])
-    build = data["build"] or {}
+    if not isinstance(data, dict) or not data or any(k not in ("build", "trace", "cluster") for k in data):
+        raise ConfigError(f"must be {{build: {{tp: .., pp: ..}}}}, optionally with trace: path and cluster: spec "
+                          f"(the trace's configuration and cluster), got {data!r}", field="base")
+    build = data.get("build") or {}
     if not isinstance(build, dict):
         raise ConfigError(f"must be a mapping of parallel keys, got {build!r}", field="base.build")
     for k, v in build.items():
         if k not in PARALLEL_AXES:
             raise ConfigError(f"unknown key (known keys: {', '.join(sorted(PARALLEL_AXES))})", field=f"base.build.{k}")
         PARALLEL_AXES[k](v, f"base.build.{k}")
-    return BaseTrace(build=dict(build))
+    if "trace" not in data:
+        if "cluster" in data:
+            raise ConfigError("only a trace base has a cluster (the one the trace was measured on)",
+                              field="base.cluster")
+        return BaseTrace(build=dict(build))
+    for key in ("trace", "cluster"):
+        if key in data and not isinstance(data[key], str):
+            raise ConfigError(f"must be a path, got {data[key]!r}", field=f"base.{key}")
+    if "build" not in data:
+        raise ConfigError("needs base.build: {tp: .., pp: .., micro_batch: ..}, the configuration the trace was "
+                          "measured with", field="base.trace")
+    cluster = _resolve_path(data["cluster"], source) if "cluster" in data else None
+    return BaseTrace(build=dict(build), trace=_resolve_path(data["trace"], source), cluster=cluster)
 
 
 def parse_space(data: Any, source: str) -> SearchSpace:
@@ -374,7 +384,8 @@ def _parse_space(data: Any, source: str) -> SearchSpace:
             raise ConfigError(f"must be > 0, got {value}", field=f"constraints.{name}")
     return SearchSpace(
         study=study, source=source, model=data["model"], cluster_spec=_resolve_path(spec, source),
-        global_batch=job.global_batch, job=JobSpec(total_tokens=job.total_tokens), base=_parse_base(data.get("base")),
+        global_batch=job.global_batch, job=JobSpec(total_tokens=job.total_tokens),
+        base=_parse_base(data.get("base"), source),
         provision=provision, parallel=parallel, objectives=_parse_objectives(data["objectives"]),
         constraints=constraints, method=method, budget=budget, seed=seed, batch=batch, timelines=timelines,
         cost=dict(cost), raw=data)
