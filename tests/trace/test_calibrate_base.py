@@ -14,11 +14,12 @@ from comet.config.cluster import load_cluster
 from comet.config.model import load_model
 from comet.config.parallel import ParallelConfig
 from comet.errors import ConfigError, TraceError
+from comet.evaluate import evaluate
 from comet.graph.expand import expand
 from comet.replay.timing import op_time_s
 from comet.trace import load_trace
-from comet.evaluate import evaluate
-from comet.trace.calibrate_base import CLASSES, calibrate_base, model_class, scale_classes, trace_class
+from comet.trace.calibrate_base import (CLASSES, calibrate_base, model_class, scale_classes, stage_totals,
+                                        trace_class)
 from comet.transform import materialize
 from comet.workload.builder import build_step_graph
 
@@ -99,6 +100,28 @@ def test_round_trip_recovers_factors(tiny, tmp_path):
             assert new.duration_s == pytest.approx(op.duration_s * (report.factors[cls] if cls else 1.0))
     assert base.stages[0].optimizer[0].duration_s == pytest.approx(
         plain.stages[0].optimizer[0].duration_s * report.factors["memory"])
+
+
+@pytest.mark.parametrize("extra", [{}, {"vpp": 2, "schedule": "interleaved_1f1b"}, {"recompute": "full"},
+                                   {"pp": 1, "zero": 2}])
+def test_stage_totals_match_expanded_graph(tiny, extra):
+    """The occurrence counting from the plan equals summing the expanded step, on every stage."""
+    from comet.config.parallel import Recompute, Schedule
+    _, model, _, cluster = tiny
+    kw = {"tp": 2, "pp": 2, **extra}
+    kw.update({k: {"schedule": Schedule, "recompute": Recompute}[k](v) for k, v in extra.items()
+               if k in ("schedule", "recompute")})
+    par = ParallelConfig(global_batch=GLOBAL_BATCH, gpus=8, micro_batch=1, **kw).resolve(model)
+    base = materialize(build_step_graph(model, par), cluster)
+    flat = expand(base)
+    for stage in range(par.pp):
+        want = dict.fromkeys(CLASSES, 0.0)
+        for _, op in flat.nodes(data="op"):
+            cls = model_class(op)
+            if op.rank == stage and cls is not None:
+                want[cls] += op.duration_s if op.duration_s is not None else op_time_s(op, cluster, "bf16")
+        got = stage_totals(base, stage, cluster, "bf16")
+        assert got == pytest.approx(want, rel=1e-12) and got["gemm"] > 0
 
 
 def test_class_absent_from_trace_keeps_factor_one(tiny, tmp_path):
@@ -211,7 +234,7 @@ def test_cli_insane_trace_base_is_one_line(tiny, tmp_path, capsys):
 # ------------------------------------------------------------------------------------ a real trace
 def test_unrelated_real_trace_is_refused(tiny):
     """AlexNet on one GPU (fp32 convolutions, no NCCL) is not a GPT. Against the 4-layer GPT its busy times
-    happen to land inside [0.1, 10] (gemm ~3x, memory-bound ~6.5x; attention and communication absent, so
+    happen to land inside [0.1, 10] (gemm 4.2x, memory-bound 4.1x; attention and communication absent, so
     factor 1): the check only catches gross mismatches. Against GPT 1.7B it is refused."""
     traces = SHARED / "traces" / "single_gpu"
     if not traces.is_dir():
