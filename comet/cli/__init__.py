@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("comet: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # output piped into `head` and closed early: not an error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return int(code or 0)
 
 

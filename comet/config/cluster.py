@@ -161,5 +161,25 @@ class ClusterSpec:
         return replace(self, **changes)
 
 
+SPECS_DIR = Path(__file__).resolve().parents[2] / "cluster_specs"   # the repository's reviewed specs
+
+
+def resolve_cluster_path(name_or_path: str | Path) -> Path:
+    """A path as given if it exists; else a spec name (`h100_dgx`) or a `cluster_specs/...` path looked
+    up in the repository's cluster_specs/ folder, so the default works from any working directory."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    candidates = [SPECS_DIR / p.name, SPECS_DIR / f"{p.name}.yaml"]
+    for c in candidates:
+        if c.is_file() and (p.parent in (Path("."), Path("cluster_specs")) or not p.suffix):
+            return c
+    if not p.suffix:
+        known = ", ".join(sorted(q.stem for q in SPECS_DIR.glob("*.yaml"))) if SPECS_DIR.is_dir() else "none"
+        raise ConfigError(f"unknown cluster spec '{name_or_path}' (known: {known}; or give a YAML path)",
+                          field="cluster")
+    return p   # let the loader report "file not found" with the path the user gave
+
+
 def load_cluster(path: str | Path) -> ClusterSpec:
-    return load(ClusterSpec, path)
+    return load(ClusterSpec, resolve_cluster_path(path))

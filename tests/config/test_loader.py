@@ -64,3 +64,11 @@ def test_missing_file_and_not_a_mapping(tmp_path):
         load_cluster(str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_model(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_cluster_spec_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_cluster("h100_dgx").gpu.sms == 132
+    assert load_cluster("cluster_specs/a100_dgx.yaml").gpu.sms == 108
+    with pytest.raises(ConfigError, match="unknown cluster spec 'nope' \\(known: a100_dgx, h100_dgx"):
+        load_cluster("nope")
