@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_outcome(console: Console, outcome, space) -> None:
+    if outcome.base_note:
+        console.print(outcome.base_note)
     s = outcome.stats
     pruned = ", ".join(f"{k} {n}" for k, n in s.by_category.most_common()) or "none"
     console.print(f"proposed {s.proposed}, duplicates {s.duplicates}, pruned {s.pruned} ({pruned})")

@@ -63,6 +63,7 @@ class StudyOutcome:
     wall_s: float
     budget_stop: bool
     files: list[Path]
+    base_note: str = ""          # how the base was grounded (e.g. per-class factors from a profiler trace)
 
 
 # ----------------------------------------------------------------------------- context
@@ -84,8 +85,14 @@ def build_context(space: SearchSpace, opts: RunOptions) -> tuple[EvalContext, st
                       evaluate_fn=opts.evaluate_fn, precheck_fn=opts.precheck_fn)
     fingerprint = context_fingerprint({"model": dataclasses.asdict(model), "cluster": dataclasses.asdict(cluster),
                                        "job": dataclasses.asdict(space.job), "base": dataclasses.asdict(space.base),
-                                       "global_batch": space.global_batch, "engine": engine_fingerprint()})
+                                       "global_batch": space.global_batch, "engine": engine_fingerprint(),
+                                       # a replaced trace at the same path changes the factors: not resumed
+                                       "calibration": _calibration(base).factors if _calibration(base) else None})
     return ctx, fingerprint
+
+
+def _calibration(base):
+    return getattr(base, "meta", {}).get("calibration") if base is not None else None
 
 
 def build_base(space: SearchSpace, model) -> Any:
@@ -320,7 +327,8 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     errors = int((df["status"] == "error").sum()) if not df.empty else 0
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
                            resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
-                           budget_stop=state.budget_stop, files=files)
+                           budget_stop=state.budget_stop, files=files,
+                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "")
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 

@@ -185,7 +185,9 @@ def test_study_on_trace_base_differs_by_calibration(tiny, tmp_path):
     assert report.factors["gemm"] == pytest.approx(1.3, rel=0.01)
     assert all(report.factors[c] == pytest.approx(1.0, rel=0.01) for c in ("attention", "communication", "memory"))
     a = _step_times(run_study(built, RunOptions(out=tmp_path / "built", executor="serial", timelines=False)))
-    b = _step_times(run_study(traced, RunOptions(out=tmp_path / "traced", executor="serial", timelines=False)))
+    traced_run = run_study(traced, RunOptions(out=tmp_path / "traced", executor="serial", timelines=False))
+    assert "gemm" in traced_run.base_note and "1.3" in traced_run.base_note   # printed by `comet search`
+    b = _step_times(traced_run)
     assert set(a) == set(b) and len(a) >= 3
     for label in a:                      # slower, by at most the GEMM factor (GEMMs are part of the step)
         assert a[label] < b[label] < 1.3 * a[label], label
@@ -195,6 +197,10 @@ def test_study_on_trace_base_differs_by_calibration(tiny, tmp_path):
     for cand in (ParallelConfig(global_batch=GLOBAL_BATCH, tp=tp, pp=pp, gpus=8) for tp in (1, 2) for pp in (1, 2)):
         res = evaluate(model, cluster, cand, base=scaled)
         assert b[res.label] == pytest.approx(res.step_time_s, rel=1e-9)
+    # a different trace at the same path changes the factors: the study is not resumed from stale results
+    write_synthetic_kineto(trace_path, model, par, cluster, {"gemm": 1.5})
+    again = run_study(traced, RunOptions(out=tmp_path / "traced", executor="serial", timelines=False))
+    assert again.resumed == 0 and again.evaluated_now == traced_run.evaluated_now
 
 
 def test_space_trace_base_errors_are_one_line(tiny, tmp_path):
