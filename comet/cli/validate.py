@@ -131,5 +131,7 @@ def run(args) -> int:
         path = Path(args.docs) if args.docs else repo_root() / DEFAULT_DOCS
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(val, specs, command, fits))
-        console.print(f"report written to {path}")
+        from comet.validate.plot import plot_errors
+        png = plot_errors(val, path.with_suffix(".png"))
+        console.print(f"report written to {path} (plot: {png.name})")
     return 0

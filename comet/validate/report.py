@@ -139,6 +139,7 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
                   "the physics. Fix the builder and re-run this command.", ""]
     lines += ["## Summary", ""]
     lines += summary_md(val)
+    lines += ["", "![Signed error of every predicted row by source; held-out rows hollow](validation.png)"]
     lines += ["", "## Structural checks", "",
               "The FLOPs of the built layer blocks are compared with the analytical count (comet/validate/"
               "checks.py) for every modelled configuration, so that the errors above can be read as physics."]

@@ -66,6 +66,8 @@ def test_docs_report(small_csv, tmp_path):
     for section in ("## Summary", "held-out", "## Calibrated parameters", "efficiency.gemm", "## Rows",
                     "## Known limitations", "TP/PP not stated"):
         assert section in text
+    png = tmp_path / "validation.png"                   # the error plot the report embeds
+    assert "](validation.png)" in text and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_fit_writes_yaml_in_place(tmp_path):
