@@ -16,7 +16,7 @@ import math
 import networkx as nx
 
 from comet.graph.ir import COMPUTE_STREAM, DepKind, GroupKind, Op, OpKind, Phase, StepGraph, new_graph
-from comet.replay.schedule import FWD, stage_tasks, task_blocks
+from comet.replay.schedule import FWD, send_stride, stage_tasks, task_blocks
 
 
 class _Expander:
@@ -109,18 +109,14 @@ def _emit_task(ex, graph, s, c, ph, mb, vs, need, task_send, task_tail, layer_do
     if last_bwd:
         layer_done.setdefault((s, c), []).append(list(after))   # all compute of the task, embedding included
         layer_done.setdefault(("order", s), []).append(c)
-    sends = vs != (plan.pp * plan.vpp - 1 if ph == FWD else 0)
-    if sends:
-        wrap = (s == plan.pp - 1) if ph == FWD else (s == 0)
-        stride = plan.p2p_group_stride * (plan.pp - 1 if wrap else 1)
+    stride = send_stride(plan, s, c, ph)
+    if stride is not None:
         send = ex.add(Op(f"pp.send_{'activation' if ph == FWD else 'gradient'}", OpKind.SEND, rank=s,
                          stream=COMPUTE_STREAM, msg_bytes=plan.p2p_bytes, group="pp", group_kind=GroupKind.PP,
                          group_size=2, group_stride=stride, microbatch=mb,
                          phase=Phase.FORWARD if ph == FWD else Phase.BACKWARD), after)
         after = [send]
-    else:
-        send = after[-1] if after else None
-    task_send[ph, vs, mb] = after[-1] if after else send
+    task_send[ph, vs, mb] = after[-1] if after else None
     task_tail[s] = after
 
 

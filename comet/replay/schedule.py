@@ -53,6 +53,17 @@ def stage_tasks(schedule: str, pp: int, vpp: int, m: int, stage: int) -> tuple[n
     return phase[stage], chunk[stage], mb[stage]
 
 
+def send_stride(plan, stage: int, chunk: int, phase: int) -> int | None:
+    """Global-rank distance of the blocking send that ends a task (the activation to the next virtual
+    stage, the gradient to the previous one; wrapping between the last and first stage across model
+    chunks), or None for the last forward / first backward, which send nothing."""
+    vs = chunk * plan.pp + stage
+    if vs == (plan.pp * plan.vpp - 1 if phase == FWD else 0):
+        return None
+    wrap = stage == (plan.pp - 1 if phase == FWD else 0)
+    return plan.p2p_group_stride * (plan.pp - 1 if wrap else 1)
+
+
 def task_blocks(plan, stage: int, chunk: int, phase: int) -> list[str]:
     """The blocks one task runs, in order: a model chunk's layers, with the embedding on the first
     virtual stage and the output head on the last; backward runs each layer's recompute first."""

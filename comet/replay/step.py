@@ -12,8 +12,8 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.pipeline import StagePrograms, build_programs, solve
-from comet.replay.schedule import BWD, FWD, task_blocks
-from comet.replay.timing import op_time_s
+from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
+from comet.replay.timing import timed_s
 from comet.result import BREAKDOWN_KEYS
 
 
@@ -53,26 +53,18 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
     pp, vpp = plan.pp, plan.vpp
-    last = pp * vpp - 1
     f_dur, b_dur = np.zeros((pp, vpp)), np.zeros((pp, vpp))
     f_parts = [[{} for _ in range(vpp)] for _ in range(pp)]
     b_parts = [[{} for _ in range(vpp)] for _ in range(pp)]
     for s in range(pp):
         for c in range(vpp):
-            vs = c * pp + s
+            for phase, parts in ((FWD, f_parts[s][c]), (BWD, b_parts[s][c])):
+                for key in task_blocks(plan, s, c, phase):
+                    _scaled(blocks[key].parts, 1, parts)
+                stride = send_stride(plan, s, c, phase)    # the task ends with a blocking send
+                if stride is not None:
+                    parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
             fp, bp = f_parts[s][c], b_parts[s][c]
-            for key in task_blocks(plan, s, c, FWD):
-                _scaled(blocks[key].parts, 1, fp)
-            for key in task_blocks(plan, s, c, BWD):
-                _scaled(blocks[key].parts, 1, bp)
-            # Blocking point-to-point send of the boundary activation / gradient (wrap-around from the
-            # last stage to the first between model chunks of the interleaved schedule).
-            if vs != last:
-                dist = plan.p2p_group_stride * (1 if s < pp - 1 else pp - 1)
-                fp["exposed_pp"] = fp.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, dist, cluster)
-            if vs != 0:
-                dist = plan.p2p_group_stride * (1 if s > 0 else pp - 1)
-                bp["exposed_pp"] = bp.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, dist, cluster)
             f_dur[s, c], b_dur[s, c] = sum(fp.values()), sum(bp.values())
     return f_dur, b_dur, f_parts, b_parts
 
@@ -96,8 +88,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     def t(op: Op) -> float:
         # perf: middle stages share their sync ops (builder.build_stages); time each object once
         key = id(op)
-        if key not in memo:   # a measured (or re-timed) duration wins over the cost model
-            memo[key] = op.duration_s if op.duration_s is not None else op_time_s(op, cluster, precision)
+        if key not in memo:
+            memo[key] = timed_s(op, cluster, precision)
         return memo[key]
 
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each

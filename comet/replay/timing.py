@@ -21,6 +21,11 @@ def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     return op.duration_s or 0.0
 
 
+def timed_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
+    """The op's measured (or re-timed) duration when it has one, else the cost model's."""
+    return op.duration_s if op.duration_s is not None else op_time_s(op, cluster, precision)
+
+
 def modelled_durations(g, cluster: ClusterSpec, precision: str) -> dict:
     """{node id: seconds} from the cost model for every op of graph `g`."""
     return {nid: op_time_s(op, cluster, precision) for nid, op in g.nodes(data="op")}

@@ -37,8 +37,9 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Precision
 from comet.errors import ConfigError, TraceError
 from comet.graph.ir import BucketSet, KernelClass, Op, OpKind, StageSync, StepGraph
-from comet.replay.schedule import FWD, stage_tasks, task_blocks
-from comet.replay.timing import op_time_s
+from comet.replay.schedule import BWD, FWD, send_stride
+from comet.replay.timing import op_time_s, timed_s
+from comet.transform.volume import block_occurrences
 
 CLASSES = ("gemm", "attention", "communication", "memory")
 FACTOR_RANGE = (0.1, 10.0)
@@ -124,38 +125,31 @@ def _block_totals(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> dict[s
     for _, op in g.nodes(data="op"):
         cls = model_class(op)
         if cls is not None:
-            out[cls] += op.duration_s if op.duration_s is not None else op_time_s(op, cluster, precision)
+            out[cls] += timed_s(op, cluster, precision)
     return out
 
 
 def stage_totals(base: StepGraph, stage: int, cluster: ClusterSpec, precision: str) -> dict[str, float]:
-    """Class -> busy seconds of one step on `stage`, block occurrences counted from the plan as
-    comet/graph/expand.py emits them (tasks' blocks and sends, then the stage's once-per-step ops)."""
+    """Class -> busy seconds of one step on `stage`: each block times its occurrences on the stage
+    (comet/transform/volume.py), the tasks' blocking sends, then the stage's once-per-step ops."""
     plan = base.plan
-    last_vs = plan.pp * plan.vpp - 1
-    counts: dict[str, int] = {}
-    sends: list[tuple[int, bool]] = []             # (group stride, forward) of each send
-    for ph, c, _ in zip(*stage_tasks(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, stage)):
-        vs = int(c) * plan.pp + stage
-        for key in task_blocks(plan, stage, int(c), int(ph)):
-            counts[key] = counts.get(key, 0) + 1
-        if vs != (last_vs if ph == FWD else 0):
-            wrap = (stage == plan.pp - 1) if ph == FWD else (stage == 0)
-            sends.append((plan.p2p_group_stride * (plan.pp - 1 if wrap else 1), ph == FWD))
     out = dict.fromkeys(CLASSES, 0.0)
-    for key, n in counts.items():
+    for key, n in block_occurrences(base, stage).items():
         for cls, t in _block_totals(base.blocks[key], cluster, precision).items():
             out[cls] += n * t
-    for stride, _ in sends:
-        send = Op("pp.send", OpKind.SEND, msg_bytes=plan.p2p_bytes, group_size=2, group_stride=stride)
-        out["communication"] += op_time_s(send, cluster, precision)
+    for c in range(plan.vpp):
+        for phase in (FWD, BWD):
+            stride = send_stride(plan, stage, c, phase)
+            if stride is not None:
+                send = Op("pp.send", OpKind.SEND, msg_bytes=plan.p2p_bytes, group_size=2, group_stride=stride)
+                out["communication"] += plan.num_microbatches * op_time_s(send, cluster, precision)
     st = base.stages[stage]
     sync = [(b.op, b.count) for b in st.grad_buckets + st.param_gathers]
     sync += [(op, 1) for op in ((st.embedding_sync,) if st.embedding_sync else ()) + st.optimizer]
     for op, n in sync:
         cls = model_class(op)
         if cls is not None:
-            out[cls] += n * (op.duration_s if op.duration_s is not None else op_time_s(op, cluster, precision))
+            out[cls] += n * timed_s(op, cluster, precision)
     return out
 
 
