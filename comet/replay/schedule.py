@@ -53,6 +53,25 @@ def stage_tasks(schedule: str, pp: int, vpp: int, m: int, stage: int) -> tuple[n
     return phase[stage], chunk[stage], mb[stage]
 
 
+def block_occurrences(plan, stage: int) -> dict[str, int]:
+    """How many times each block runs on `stage` in one step (task_blocks over every task)."""
+    m, pp, last = plan.num_microbatches, plan.pp, plan.pp * plan.vpp - 1
+    n = dict.fromkeys(("layer.fwd", "layer.bwd", "layer.recompute", "embedding.fwd", "embedding.bwd",
+                       "head.fwd", "head.bwd"), 0)
+    for c in range(plan.vpp):
+        vs = c * pp + stage
+        n["layer.fwd"] += plan.chunk_layers[vs] * m
+        n["layer.bwd"] += plan.chunk_layers[vs] * m
+        n["layer.recompute"] += plan.chunk_layers[vs] * m if plan.recompute_layers else 0
+        if vs == 0:
+            n["embedding.fwd"] += m
+            n["embedding.bwd"] += m
+        if vs == last:
+            n["head.fwd"] += m
+            n["head.bwd"] += m
+    return n
+
+
 def send_stride(plan, stage: int, chunk: int, phase: int) -> int | None:
     """Global-rank distance of the blocking send that ends a task (the activation to the next virtual
     stage, the gradient to the previous one; wrapping between the last and first stage across model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from comet.replay.schedule import FWD, task_blocks
+from comet.replay.schedule import FWD, block_occurrences, task_blocks
 from comet.replay.step import StepReplay
 
 US = 1e6
@@ -21,11 +21,10 @@ def step_timeline(rep: StepReplay, plan=None, max_events: int = 1_000_000) -> li
     events: list[dict] = []
     for s in range(pp):
         events.append({"ph": "M", "name": "process_name", "pid": s, "args": {"name": f"stage {s} (rank)"}})
-    ops_per_task = {k: (len(b.replay.compiled) if b.replay else 0) for k, b in rep.blocks.items()}
-    estimate = sum(sum(ops_per_task[k] for k in task_blocks(plan, s, int(prog.chunk[i]), int(prog.phase[i])))
-                   for s in range(pp) for i in range(prog.offset[s], min(prog.offset[s] + 2, prog.offset[s + 1])))
+    ops_per_block = {k: (len(b.replay.compiled) if b.replay else 0) for k, b in rep.blocks.items()}
+    op_events = sum(n * ops_per_block[k] for s in range(pp) for k, n in block_occurrences(plan, s).items())
     expand_ops = all(b.replay is not None for b in rep.blocks.values() if b.duration_s > 0) and \
-        estimate * (prog.n // max(2 * pp, 1)) <= max_events
+        op_events <= max_events
     for s in range(pp):
         for i in range(prog.offset[s], prog.offset[s + 1]):
             ph, c, mb = int(prog.phase[i]), int(prog.chunk[i]), int(prog.mb[i])

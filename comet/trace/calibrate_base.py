@@ -37,9 +37,8 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Precision
 from comet.errors import ConfigError, TraceError
 from comet.graph.ir import BucketSet, KernelClass, Op, OpKind, StageSync, StepGraph
-from comet.replay.schedule import BWD, FWD, send_stride
+from comet.replay.schedule import BWD, FWD, block_occurrences, send_stride
 from comet.replay.timing import op_time_s, timed_s
-from comet.transform.volume import block_occurrences
 
 CLASSES = ("gemm", "attention", "communication", "memory")
 FACTOR_RANGE = (0.1, 10.0)
@@ -131,10 +130,10 @@ def _block_totals(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> dict[s
 
 def stage_totals(base: StepGraph, stage: int, cluster: ClusterSpec, precision: str) -> dict[str, float]:
     """Class -> busy seconds of one step on `stage`: each block times its occurrences on the stage
-    (comet/transform/volume.py), the tasks' blocking sends, then the stage's once-per-step ops."""
+    (schedule.block_occurrences), the tasks' blocking sends, then the stage's once-per-step ops."""
     plan = base.plan
     out = dict.fromkeys(CLASSES, 0.0)
-    for key, n in block_occurrences(base, stage).items():
+    for key, n in block_occurrences(plan, stage).items():
         for cls, t in _block_totals(base.blocks[key], cluster, precision).items():
             out[cls] += n * t
     for c in range(plan.vpp):

@@ -10,6 +10,7 @@ from collections import defaultdict
 import networkx as nx
 
 from comet.graph.ir import GroupKind, StepGraph
+from comet.replay.schedule import block_occurrences
 
 
 def _block_bytes(g: nx.DiGraph) -> dict[GroupKind, float]:
@@ -20,29 +21,10 @@ def _block_bytes(g: nx.DiGraph) -> dict[GroupKind, float]:
     return out
 
 
-def block_occurrences(graph: StepGraph, stage: int) -> dict[str, int]:
-    """How many times each block runs on `stage` in one step."""
-    plan = graph.plan
-    m, pp, last = plan.num_microbatches, plan.pp, plan.num_chunks - 1
-    n: dict = defaultdict(int)
-    for c in range(plan.vpp):
-        vs = c * pp + stage
-        n["layer.fwd"] += plan.chunk_layers[vs] * m
-        n["layer.bwd"] += plan.chunk_layers[vs] * m
-        n["layer.recompute"] += plan.recompute_layers * m
-        if vs == 0:
-            n["embedding.fwd"] += m
-            n["embedding.bwd"] += m
-        if vs == last:
-            n["head.fwd"] += m
-            n["head.bwd"] += m
-    return n
-
-
 def comm_volume(graph: StepGraph, stage: int = 0) -> dict[GroupKind, float]:
     plan = graph.plan
     out: dict = defaultdict(float)
-    for key, count in block_occurrences(graph, stage).items():
+    for key, count in block_occurrences(plan, stage).items():
         for kind, b in _block_bytes(graph.blocks[key]).items():
             out[kind] += count * b
     for c in range(plan.vpp):      # activation forward to the next virtual stage, gradient back
