@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from comet.cli.argtypes import non_negative_int, positive_float, positive_int
 from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec
 from comet.config.model import load_model
@@ -21,18 +22,18 @@ def register(sub) -> None:
                                    "model and report step time, throughput, MFU, memory and a time breakdown.")
     p.add_argument("--model", required=True, help="zoo name (e.g. gpt3_175b) or a model YAML path")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster spec YAML (default {DEFAULT_CLUSTER})")
-    p.add_argument("--gpus", type=int, help="total GPUs (dp is derived when --dp is not given)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--dp", type=int)
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--gpus", type=positive_int, help="total GPUs (dp is derived when --dp is not given)")
+    p.add_argument("--tp", type=positive_int, default=1)
+    p.add_argument("--pp", type=positive_int, default=1)
+    p.add_argument("--dp", type=positive_int)
+    p.add_argument("--cp", type=positive_int, default=1)
+    p.add_argument("--vpp", type=positive_int, default=1, help="virtual pipeline stages (implies interleaved 1F1B)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule])
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--micro-batch", type=positive_int, default=1)
+    p.add_argument("--global-batch", type=positive_int, required=True)
     p.add_argument("--precision", choices=[x.value for x in Precision], default="bf16")
     p.add_argument("--recompute", choices=[x.value for x in Recompute], default="none")
-    p.add_argument("--zero", type=int, default=1, help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)")
+    p.add_argument("--zero", type=non_negative_int, default=1, help="ZeRO stage 0-3 (1 = Megatron distributed optimizer)")
     p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on when tp > 1")
     p.add_argument("--overlap-tp-comm", action="store_true", help="pipeline TP collectives with their GEMMs")
@@ -41,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--no-flash-attention", action="store_true", help="unfused attention kernels")
     p.add_argument("--offload", action="append", choices=[x.value for x in OffloadTarget], default=[],
                    help="offload to the cluster's memory expansion tier (repeatable)")
-    p.add_argument("--total-tokens", type=float, help="training tokens, for time-to-train")
+    p.add_argument("--total-tokens", type=positive_float, help="training tokens, for time-to-train")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", metavar="OUT.json", help="write the replayed timeline as a Chrome trace")
     p.set_defaults(func=run)
