@@ -17,6 +17,7 @@ import pandas as pd
 from comet.config.cluster import CostSpec, load_cluster
 from comet.config.loader import from_dict
 from comet.config.model import load_model
+from comet.config.paths import check_output_dir
 from comet.errors import ConfigError, TraceError
 from comet.result import Result
 from comet.search import results as res_io
@@ -24,7 +25,12 @@ from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, 
 from comet.search.context import (Candidate, EvalContext, context_fingerprint, engine_fingerprint,
                                   evaluate_candidate, parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
-from comet.search.space import PARALLEL_AXES, Method, SearchSpace
+from comet.search.lock import ResultsLock
+from comet.search.space import PARALLEL_AXES, Method, SearchSpace, grid_size
+
+# The grid is enumerated (and pruned) in memory before evaluation: ~1 kB and ~50 us per point, so 10^6
+# points is ~1 GB and a minute before the first evaluation. Larger grids need --force.
+MAX_GRID_POINTS = 1_000_000
 
 
 class Progress:
@@ -48,6 +54,7 @@ class RunOptions:
     progress: Progress = field(default_factory=Progress)
     evaluate_fn: Callable | None = None   # tests only: a fake evaluate for driver mechanics
     precheck_fn: Callable | None = None
+    force: bool = False               # enumerate a grid above MAX_GRID_POINTS
 
 
 @dataclass
@@ -180,8 +187,25 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
     seed = space.seed if opts.seed is None else opts.seed
     trials = opts.trials or space.budget.trials
     out = Path(opts.out) if opts.out else Path("results") / space.study
+    check_grid_size(space, opts.force)
+    check_output_dir(str(out), "--out")             # a folder that cannot be written fails before any work
     ctx, fingerprint = build_context(space, opts)   # bad inputs fail here, before anything is written
     out.mkdir(parents=True, exist_ok=True)
+    with ResultsLock(out):                          # a second search on this folder refuses (comet/search/lock.py)
+        return _run_locked(space, opts, ctx, fingerprint, out, seed, trials, t0)
+
+
+def check_grid_size(space: SearchSpace, force: bool) -> None:
+    """A grid larger than MAX_GRID_POINTS is refused before anything is enumerated, unless forced."""
+    size = grid_size(space)
+    if space.method is Method.GRID and size > MAX_GRID_POINTS and not force:
+        axes = " x ".join(f"{a.short} {len(a.values)}" for a in space.axes if len(a.values) > 1)
+        raise ConfigError(f"the grid has {size:,} points ({axes}), more than {MAX_GRID_POINTS:,}: narrow the "
+                          "axes, use method random or optuna-tpe with a trial budget, or pass --force",
+                          source=space.source, field="method")
+
+
+def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> StudyOutcome:
     factory = CandidateFactory(space, ctx, fingerprint)
     state = _State(res_io.Journal(out / res_io.JOURNAL), fingerprint, opts.progress)
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
