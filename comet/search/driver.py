@@ -289,15 +289,23 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
 
     proposer = OptunaProposer(space, factory, out / "optuna.db", seed)
     trials = trials or 10**9
-    counted = proposer.evaluated_before
-    opts.progress.start(trials if trials < 10**9 else None, counted)
-    asks = 0
+    opened = proposer.open_round()              # a round a killed run left open is completed first
+    counted = proposer.evaluated_before - (opened[3] if opened else 0)
+    opts.progress.start(trials if trials < 10**9 else None, proposer.evaluated_before)
+    asks = proposer.asked_before
     while counted < trials and asks < 20 * trials + 100:
-        if deadline is not None and time.monotonic() >= deadline:
-            state.budget_stop = True
-            break
-        asked = [proposer.ask() for _ in range(min(space.batch, trials - counted))]
-        asks += len(asked)
+        if opened is not None:
+            index, size, asked, _ = opened
+            opened = None
+            fresh = [proposer.ask(index, size) for _ in range(size - len(asked))]
+            asked = asked + fresh
+        else:
+            if deadline is not None and time.monotonic() >= deadline:
+                state.budget_stop = True
+                break
+            size, index = min(space.batch, trials - counted), proposer.next_round
+            fresh = asked = [proposer.ask(index, size) for _ in range(size)]
+        asks += len(fresh)
         todo: dict[str, Candidate] = {}
         for _, out_ in asked:
             if not isinstance(out_, Candidate):
@@ -315,7 +323,9 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
             for cand, result, attempts in executor.wait():
                 state.record(cand, result, attempts)
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
-            if isinstance(out_, Pruned):
+            if out_ is None:        # told by the killed run before it died
+                counted += not trial.user_attrs.get("pruned")
+            elif isinstance(out_, Pruned):
                 proposer.tell(trial, None, 1.0, out_.reason)
             else:
                 row = state.row(out_.key)
