@@ -124,7 +124,7 @@ def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) ->
         total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
     if stage == par.pp - 1:
         held = par.num_microbatches if par.schedule is Schedule.GPIPE else 1
-        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.vocab / t)
+        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.padded_vocab(t) / t)
     return total
 
 
@@ -133,13 +133,14 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
     """Parameters held by one GPU of pipeline stage `stage`: layers/pp layers split by tp; the first
     stage adds the embedding (V*h/t), the last the final norm and the output layer (its own matrix
     when untied; a copy of the embedding when tied and pp > 1)."""
-    n = model.layers // par.pp * model.layer_params / par.tp
+    n = par.stage_layers(model, stage) * model.layer_params / par.tp
+    vocab_rows = model.padded_vocab(par.tp) * model.hidden / par.tp
     if stage == 0:
-        n += model.embedding_params / par.tp
+        n += vocab_rows
     if stage == par.pp - 1:
         n += 2 * model.hidden
         if not model.tied_embeddings or par.pp > 1:
-            n += model.vocab * model.hidden / par.tp
+            n += vocab_rows
     return n
 
 
@@ -157,7 +158,7 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     weights = params * wb / (shard if par.zero >= 3 else 1)
     grads = params * GRAD_BYTES / (shard if par.zero >= 2 else 1)
     optimizer = params * ADAM_BYTES / (shard if par.zero >= 1 else 1)
-    layers_here = model.layers // par.pp
+    layers_here = par.stage_layers(model, stage)
     buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * wb
     return weights, grads, optimizer, buffer
 
@@ -180,7 +181,7 @@ def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
     weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
     in_flight = in_flight_microbatches(par, stage)
     per_layer = activation_bytes_per_layer(model, par)
-    layer_acts = in_flight * (model.layers // par.pp) * per_layer
+    layer_acts = in_flight * par.stage_layers(model, stage) * per_layer
     fixed_acts = _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
@@ -219,9 +220,10 @@ def _expansion_reason(par: ParallelConfig, cluster: ClusterSpec, expansion: floa
 
 def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
     """HBM footprint per GPU of the worst pipeline stage, and whether it fits. `par` is resolved.
-    Only the first and last stages can be the worst: middle stages hold fewer in-flight micro-batches
-    than the first and neither the embedding nor the output layer."""
-    stages = sorted({0, par.pp - 1})
+    With an even split only the first and last stages can be the worst (middle stages hold fewer
+    in-flight micro-batches than the first and neither the embedding nor the output layer); an uneven
+    split moves layers off those two, so the second stage is checked too."""
+    stages = sorted({0, min(1, par.pp - 1), par.pp - 1} if par.uneven else {0, par.pp - 1})
     workspace = cluster.workspace_GB * GB
     per_stage = [_stage_memory(model, par, s) for s in stages]
     worst_index = max(range(len(stages)), key=lambda i: per_stage[i].hbm(workspace))
