@@ -55,6 +55,10 @@ class ParallelConfig:
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
     offload: tuple[OffloadTarget, ...] = ()
+    grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
+    fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
+    dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
+    fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
     # Uneven pipelines (comet.config.stages): transformer layers on the first / last stage, or the
     # embedding / loss counted as one layer each (Megatron-Core account_for_*_in_pipeline_split).
     pp_first_stage_layers: int | None = None
@@ -132,7 +136,12 @@ class ParallelConfig:
         rule(not self.sp or tokens_per_rank % self.tp == 0, "sequence_parallel",
              f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
-        rule(not (self.zero >= 2 and self.pp > 1), "zero",
+        rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+        rule(not self.fp8_params or self.precision is Precision.FP8, "fp8_params",
+             f"FP8 weights need precision fp8, got {self.precision.value}")
+        # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per
+        # micro-batch, weights kept gathered); Megatron's distributed optimizer cannot.
+        rule(not (self.zero >= 2 and self.pp > 1) or self.fsdp, "zero",
              f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
              "accumulate across micro-batches; use zero <= 1 with pp > 1")
         if self.vpp > 1:
