@@ -53,14 +53,15 @@ def _cluster(cluster: str | Path | ClusterSpec) -> ClusterSpec:
 
 
 def estimate(model: str | Path | ModelSpec, cluster: str | Path | ClusterSpec = DEFAULT_CLUSTER, *,
-             global_batch: int, total_tokens: float | None = None, timeline: bool = False,
+             global_batch: int, total_tokens: float | None = None, timeline: bool | str = False,
              **parallel: Any) -> Result:
     """Estimate one configuration, e.g.
 
         comet.estimate("gpt3_175b", gpus=1024, tp=8, pp=8, global_batch=1536, recompute="selective")
 
     `parallel` takes the ParallelConfig fields (gpus, tp, pp, dp, cp, vpp, schedule, micro_batch,
-    recompute, zero, precision, sequence_parallel, overlap_*, flash_attention, offload). A broken rule
+    recompute, zero, precision, sequence_parallel, overlap_*, flash_attention, offload). `timeline`:
+    True puts task-level Chrome-trace events in `result.timeline`, "ops" every op too. A broken rule
     (tp not dividing the heads, ...) raises ConfigError; a configuration that does not fit memory
     returns a Result with status infeasible, its reason and, in `extra["remedies"]`, the nearest
     changes that make it fit.

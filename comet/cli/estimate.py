@@ -142,13 +142,14 @@ def _run(a) -> int:
         raise ConfigError(f"must be a number > 0, got {total_tokens!r}", source=a.config, field="total_tokens")
     par = resolve(model, cluster, parallel_config(req, source=source))   # a broken rule is bad input: exit 2
     job = JobSpec(total_tokens=total_tokens) if total_tokens else None
-    res = evaluate(model, cluster, par, job, timeline=bool(a.timeline))
+    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False)
     if not res.feasible:
         res.extra["remedies"] = nearest_feasible(model, cluster, par, job)
     timeline_path = None
     if a.timeline and res.timeline is not None:
         from comet.replay.timeline import write_chrome_trace
-        timeline_path = write_chrome_trace(res.timeline, a.timeline)
+        timeline_path = write_chrome_trace(res.timeline, a.timeline, meta={
+            "model": model.name, "cluster": cluster.name, "gpus": par.gpus, "design": par.label()})
     if a.output:
         _write_output(a.output, model, cluster, par, res)
     if a.json:
