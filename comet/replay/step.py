@@ -95,6 +95,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     # chunk's first forward waits for the buckets holding its first layer.
     gather_end = [0.0] * pp
+    gather_events: list[list] = [[] for _ in range(pp)]   # (name, start, end) for the timeline
     f_release = np.zeros((pp, vpp))
     for s, st in enumerate(graph.stages):
         if not (st.param_gathers and st.gather_before_forward):
@@ -104,11 +105,16 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             d = t(bs.op)
             first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s], 1))
             f_release[s, bs.chunk] = clock + first_layer * d
+            if keep_block_replays:
+                gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
+                                     for k in range(bs.count)]
             clock += bs.count * d
         gather_end[s] = clock
     prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     end = solve(prog)
     tails = _tails(graph, prog, end, gather_end, t, blocks, record=keep_block_replays)
+    for s in range(pp):
+        tails[s].dp_events[:0] = gather_events[s]
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
     breakdown = _breakdown(prog, end, tails[crit], crit, f_parts, b_parts)
