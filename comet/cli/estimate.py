@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from comet.cli.argtypes import non_negative_int, positive_float, positive_int
 from comet.api import DEFAULT_CLUSTER, PARALLEL_FIELDS, REQUEST_FIELDS, parallel_config
 from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec
@@ -31,18 +32,18 @@ def register(sub) -> None:
     p.add_argument("--config", metavar="FILE.yaml", help="model, cluster, total_tokens and parallel fields as YAML")
     p.add_argument("--model", help="zoo name (e.g. gpt3_175b) or a model YAML path")
     p.add_argument("--cluster", help=f"cluster spec name or YAML (default {DEFAULT_CLUSTER})")
-    p.add_argument("--gpus", type=int, help="total GPUs (dp is derived when --dp is not given)")
-    p.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
-    p.add_argument("--pp", type=int, help="pipeline stages (default 1)")
-    p.add_argument("--dp", type=int)
-    p.add_argument("--cp", type=int, help="context parallel size (default 1)")
-    p.add_argument("--vpp", type=int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--gpus", type=positive_int, help="total GPUs (dp is derived when --dp is not given)")
+    p.add_argument("--tp", type=positive_int, help="tensor parallel size (default 1)")
+    p.add_argument("--pp", type=positive_int, help="pipeline stages (default 1)")
+    p.add_argument("--dp", type=positive_int)
+    p.add_argument("--cp", type=positive_int, help="context parallel size (default 1)")
+    p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule])
-    p.add_argument("--micro-batch", type=int, help="default 1")
-    p.add_argument("--global-batch", type=int, help="sequences per step (required here or in --config)")
+    p.add_argument("--micro-batch", type=positive_int, help="default 1")
+    p.add_argument("--global-batch", type=positive_int, help="sequences per step (required here or in --config)")
     p.add_argument("--precision", choices=[x.value for x in Precision], help="default bf16")
     p.add_argument("--recompute", choices=[x.value for x in Recompute], help="default none")
-    p.add_argument("--zero", type=int, help="ZeRO stage 0-3 (default 1 = Megatron distributed optimizer)")
+    p.add_argument("--zero", type=non_negative_int, help="ZeRO stage 0-3 (default 1 = Megatron distributed optimizer)")
     p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on when tp > 1")
     p.add_argument("--overlap-tp-comm", action="store_const", const=True, help="pipeline TP collectives with GEMMs")
@@ -52,7 +53,7 @@ def register(sub) -> None:
                    help="unfused attention kernels")
     p.add_argument("--offload", action="append", choices=[x.value for x in OffloadTarget],
                    help="offload to the cluster's memory expansion tier (repeatable)")
-    p.add_argument("--total-tokens", type=float, help="training tokens, for time-to-train")
+    p.add_argument("--total-tokens", type=positive_float, help="training tokens, for time-to-train")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object for every outcome (ok, infeasible, bad input)")
     p.add_argument("-o", "--output", metavar="FILE.{json,csv}", help="also write the result to a JSON or CSV file")
