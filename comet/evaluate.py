@@ -10,6 +10,7 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
 from comet.errors import CometError, ConfigError
 from comet.graph.ir import StepGraph
+from comet.replay import cache
 from comet.replay.step import StepReplay, replay_step
 from comet.result import CandidateStatus, Result
 from comet.workload.builder import build_step_graph
@@ -60,10 +61,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
 
 
 def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
+    # perf: a search evaluates one configuration on many clusters; its graph is built once (graphs are
+    # read-only from here on). A base graph re-timed to the cluster is keyed by the cluster too.
     if base is None:
-        return build_step_graph(model, par)
+        return cache.graphs.get_or((None, model, par, None), lambda: build_step_graph(model, par))
     from comet.transform import transform_to   # the trace-driven path: rescale the base graph
-    return transform_to(base, model, par, cluster=cluster)
+    key = (cache.object_key(base), model, par, cache.cluster_key(cluster))
+    return cache.graphs.get_or(key, lambda: transform_to(base, model, par, cluster=cluster))
 
 
 def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:
