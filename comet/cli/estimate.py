@@ -8,6 +8,7 @@ import json
 from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec
 from comet.config.model import load_model
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
 from comet.evaluate import evaluate, resolve
 from comet.result import BREAKDOWN_KEYS
@@ -26,6 +27,14 @@ def register(sub) -> None:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--dp", type=int)
     p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1, help="expert parallel degree (MoE models)")
+    p.add_argument("--etp", type=int, help="expert tensor parallel degree (default: tp)")
+    p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], default="alltoall")
+    p.add_argument("--moe-capacity-factor", type=float, help="expert capacity factor (default: dropless)")
+    p.add_argument("--moe-imbalance", type=float, default=1.0,
+                   help="busiest EP rank's routed tokens over the mean (default 1: balanced)")
+    p.add_argument("--moe-overlap-a2a", action="store_true",
+                   help="dispatch/combine overlapped with compute (DeepEP / 1F1B all-to-all overlap)")
     p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (implies interleaved 1F1B)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule])
     p.add_argument("--micro-batch", type=int, default=1)
@@ -55,12 +64,14 @@ def parallel_from_args(a) -> ParallelConfig:
                           precision=Precision(a.precision), overlap_grad_reduce=not a.no_overlap_grad_reduce,
                           overlap_param_gather=not a.no_overlap_param_gather, overlap_tp_comm=a.overlap_tp_comm,
                           flash_attention=not a.no_flash_attention,
-                          offload=tuple(OffloadTarget(x) for x in a.offload))
+                          offload=tuple(OffloadTarget(x) for x in a.offload), ep=a.ep, etp=a.etp,
+                          moe_dispatcher=Dispatcher(a.moe_dispatcher), moe_capacity_factor=a.moe_capacity_factor,
+                          moe_imbalance=a.moe_imbalance, moe_overlap_a2a=a.moe_overlap_a2a)
 
 
 def run(a) -> int:
     from comet.errors import ConfigError
-    for name in ("gpus", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch"):
+    for name in ("gpus", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch", "ep", "etp"):
         v = getattr(a, name)
         if v is not None and v < 1:
             raise ConfigError(f"must be >= 1, got {v}", field=f"--{name.replace('_', '-')}")
