@@ -13,6 +13,7 @@ from pathlib import Path
 from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import CometError, ConfigError
+from comet.validate.moe_rows import apply_expert_parallel, apply_moe
 from comet.validate.sources import SourceProfile, profile_for
 
 REQUIRED_COLUMNS = ("source", "model", "layers", "hidden", "heads", "ffn_hidden", "seq_len", "vocab", "gpu",
@@ -136,8 +137,6 @@ def build_parallel(row: dict, prof: SourceProfile, model: ModelSpec, notes: list
         raise _Skip("global batch not stated")
     if gpus is None and dp is None:
         raise _Skip("neither num_gpus nor dp given")
-    if _int(row, "ep") not in (None, 1):
-        raise _Skip("expert parallelism (MoE) is not modelled")
     vpp = _int(row, "vpp") or 1
     mb = _int(row, "micro_batch")
     if mb is None:
@@ -179,8 +178,9 @@ def derive_case(row: dict, index: int) -> Case:
         case.cluster_file = cluster_file_for(row.get("gpu", "")) or ""
         if not case.cluster_file:
             raise _Skip(f"no cluster spec for GPU {row.get('gpu')!r} (known: {', '.join(CLUSTER_FOR_GPU)})")
-        case.model = build_model(row)
-        case.parallel = build_parallel(row, prof, case.model, case.assumptions)
+        case.model = apply_moe(row, build_model(row), case.assumptions)
+        case.parallel = apply_expert_parallel(row, build_parallel(row, prof, case.model, case.assumptions),
+                                              case.assumptions)
     except _Skip as exc:
         case.skip_reason = str(exc)
     except CometError as exc:
