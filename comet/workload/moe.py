@@ -35,6 +35,7 @@ from comet.graph.ir import Collective, GroupKind, KernelClass, Op, OpKind
 from comet.workload import layers
 from comet.workload.layers import ACT_BYTES, BlockBuilder, Deps, Dims
 
+FP8_SAVED_BYTES = 1        # FP8 GEMM inputs saved for backward (Transformer Engine)
 ROUTER_LOGIT_BYTES = 4      # router logits / probabilities kept in fp32 (Megatron-Core router: float32 softmax)
 
 
@@ -212,7 +213,12 @@ def moe_layer_activation_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     rows = routed_tokens(model, par)
     local, f_local, gate, _ = _expert_dims(model, par)
     n = tokens_in(model, par)
-    routed = ACT_BYTES * rows * (2 * h + (gate + 1) * f_local) + ROUTER_LOGIT_BYTES * n * moe.num_experts
+    # Under FP8, Transformer Engine saves the quantized GEMM inputs (1 byte) for the weight gradient
+    # instead of the bf16 tensors (TE Linear/GroupedLinear save the FP8 input for backward).
+    gemm_in = FP8_SAVED_BYTES if par.precision is Precision.FP8 else ACT_BYTES
+    routed = (gemm_in * rows * (h + f_local)              # expert FC1 input (permuted tokens), FC2 input
+              + ACT_BYTES * rows * (gate * f_local + h)    # activation input, expert output for the unpermute
+              + ROUTER_LOGIT_BYTES * n * moe.num_experts)
     T = Dims.of(model, par).T
     shared = ACT_BYTES * T * (gate + 1) * moe.shared_ffn_hidden / par.tp
     return routed + shared
