@@ -39,16 +39,18 @@ class Dims:
     gate: int     # 2 for SwiGLU (gate and up projections), 1 for GeLU
     heads: int    # attention heads per rank
     d: int        # head dim
-    V: int
+    V: int        # padded vocabulary (Megatron pads to a multiple of 128 * tp)
     sp: bool
     cp: int
+    act: str      # activation name (kernel label)
 
     @staticmethod
     def of(model: ModelSpec, par: ParallelConfig) -> "Dims":
         T = par.micro_batch * model.seq_len // par.cp
         return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
-                    h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden, gate=2 if model.gated else 1,
-                    heads=model.heads // par.tp, d=model.head_dim, V=model.vocab, sp=par.sp, cp=par.cp)
+                    h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden,
+                    gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_dim,
+                    V=model.padded_vocab(par.tp), sp=par.sp, cp=par.cp, act=model.activation.value)
 
 
 class BlockBuilder:
@@ -265,16 +267,14 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
 
 def dense_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> Deps:
     """Column-parallel FC1, activation, row-parallel FC2 (`name` prefixes the ops, e.g. shared experts)."""
-    act = "swiglu" if D.gate == 2 else "gelu"
     x = tp_in(bb, D, f"{name}fc1", D.T, D.gate * D.f // D.t, D.h, x)
-    x = [bb.memory(f"{name}{act}", D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
+    x = [bb.memory(f"{name}{D.act}", D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
     return tp_out(bb, D, f"{name}fc2", D.T, D.h, D.f // D.t, x)
 
 
 def dense_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> Deps:
-    act = "swiglu" if D.gate == 2 else "gelu"
     x = row_backward(bb, D, f"{name}fc2", D.f // D.t, x)
-    x = [bb.memory(f"{name}{act}.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
+    x = [bb.memory(f"{name}{D.act}.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
     return col_backward(bb, D, f"{name}fc1", D.gate * D.f // D.t, x)
 
 

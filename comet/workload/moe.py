@@ -114,7 +114,7 @@ def moe_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     x = _exchange(bb, "dispatch", model, x)
     rows = m_e * local
     x = [_grouped_gemm(bb, "experts.fc1", m_e, gate * f_local, D.h, local, x)]
-    x = [bb.memory("experts.swiglu" if gate == 2 else "experts.gelu", rows * f_local * ACT_BYTES * (gate + 1), x)]
+    x = [bb.memory(f"experts.{D.act}", rows * f_local * ACT_BYTES * (gate + 1), x)]
     x = [_grouped_gemm(bb, "experts.fc2", m_e, D.h, f_local, local, x)]
     x = _exchange(bb, "combine", model, x)
     x = [bb.memory("moe.unpermute", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
@@ -137,7 +137,7 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     rows = m_e * local
     d2 = _grouped_gemm(bb, "experts.fc2.dgrad", m_e, f_local, D.h, local, x)
     w2 = _grouped_gemm(bb, "experts.fc2.wgrad", f_local, D.h, m_e, local, [d2])
-    x = [bb.memory("experts.swiglu.bwd" if gate == 2 else "experts.gelu.bwd",
+    x = [bb.memory(f"experts.{D.act}.bwd",
                    rows * f_local * ACT_BYTES * (2 * gate + 1), [d2])]
     d1 = _grouped_gemm(bb, "experts.fc1.dgrad", m_e, D.h, gate * f_local, local, x)
     w1 = _grouped_gemm(bb, "experts.fc1.wgrad", gate * f_local, D.h, m_e, local, [d1])
@@ -177,10 +177,11 @@ def chunk_layer_kinds(model: ModelSpec, chunk_layers: tuple[int, ...]) -> tuple[
 
 # ------------------------------------------------------------------------------------------ model state
 def stage_layer_indices(model: ModelSpec, par: ParallelConfig, stage: int) -> list[int]:
-    """Global indices of the transformer layers on pipeline stage `stage` (equal chunks, vpp chunks each)."""
-    per_chunk = model.layers // (par.pp * par.vpp)
-    return [i for c in range(par.vpp) for i in range((c * par.pp + stage) * per_chunk,
-                                                     (c * par.pp + stage + 1) * per_chunk)]
+    """Global indices of the transformer layers on pipeline stage `stage` (its vpp model chunks; chunks hold
+    consecutive layers in virtual-stage order, even or uneven as the configuration splits them)."""
+    counts = par.chunk_layers(model)
+    starts = [sum(counts[:vs]) for vs in range(len(counts))]
+    return [i for c in range(par.vpp) for vs in (c * par.pp + stage,) for i in range(starts[vs], starts[vs] + counts[vs])]
 
 
 def routed_expert_params(model: ModelSpec) -> int:
