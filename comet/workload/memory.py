@@ -201,7 +201,8 @@ def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: flo
     transpose of each layer GEMM weight; with fp8_params the GEMM weights exist only in FP8 [T]."""
     if par.precision is not Precision.FP8:
         return params * WEIGHT_BYTES
-    gemm = par.stage_layers(model, stage) * model.layer_params / par.tp
+    gemm = (stage_dense_layer_params(model, par, stage) if model.moe is not None
+            else par.stage_layers(model, stage) * model.layer_params / par.tp)
     return (params - gemm) * WEIGHT_BYTES + gemm * (FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES))
 
 
@@ -227,8 +228,10 @@ def _expert_state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tu
         return 0.0, 0.0, 0.0
     params = stage_expert_params(model, par, stage)
     shard = par.expert_dp
-    return (params * _weight_bytes_per_param(par) / (shard if par.zero >= 3 else 1),
-            params * GRAD_BYTES / (shard if par.zero >= 2 else 1),
+    per_param = WEIGHT_BYTES if par.precision is not Precision.FP8 else \
+        FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES)     # every expert weight is a GEMM weight
+    return (params * per_param / (shard if par.zero >= 3 else 1),
+            params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1),
             params * ADAM_BYTES / (shard if par.zero >= 1 else 1))
 
 
