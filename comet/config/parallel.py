@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from comet.config.loader import positive
 from comet.config.model import ModelSpec
+from comet.config.moe import Dispatcher, check_expert_parallel
 from comet.config.stages import chunk_layer_counts
 from comet.errors import ConfigError
 
@@ -55,6 +56,14 @@ class ParallelConfig:
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
     offload: tuple[OffloadTarget, ...] = ()
+    # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
+    ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]
+    etp: int | None = None                                    # expert tensor parallel; None = tp [--expert-tensor-parallel-size]
+    moe_dispatcher: Dispatcher = Dispatcher.ALLTOALL          # [--moe-token-dispatcher-type]
+    moe_capacity_factor: float | None = None                  # None: dropless [--moe-expert-capacity-factor]
+    moe_imbalance: float = 1.0                                # busiest EP rank's routed tokens / mean (1 = balanced)
+    moe_overlap_a2a: bool = False                             # dispatch/combine hidden by the other micro-batch's
+                                                              # compute [--overlap-moe-expert-parallel-comm, DeepEP]
     grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
@@ -75,6 +84,15 @@ class ParallelConfig:
     def num_microbatches(self) -> int:
         """Micro-batches per pipeline per step (gradient-accumulation steps)."""
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the expert weights: the stage's tp*cp*dp ranks over etp*ep."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
 
     @property
     def world(self) -> int:
@@ -152,6 +170,7 @@ class ParallelConfig:
             rule(self.num_microbatches % self.pp == 0, "global_batch",
                  f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
         rule(len(set(self.offload)) == len(self.offload), "offload", "lists a target twice")
+        check_expert_parallel(self, model)
 
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -159,6 +178,10 @@ class ParallelConfig:
             parts.append(f"cp{self.cp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
         if self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None:
             parts.append(f"ppf{self.pp_first_stage_layers or 'x'}l{self.pp_last_stage_layers or 'x'}")
         if self.pp_embedding_as_layer or self.pp_loss_as_layer:

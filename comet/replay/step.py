@@ -138,7 +138,9 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
     head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
-    per_layer = blocks["layer.bwd"].duration_s + (blocks["layer.recompute"].duration_s if plan.recompute_layers else 0.0)
+    kinds = plan.layer_kinds(vs)   # mean backward (+ recompute) per layer over the chunk's layer kinds
+    per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
+                                                       else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)
