@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable, Hashable
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
 _BLOCK_ENTRIES = 4096
-_GRAPH_ENTRIES = 64
+_GRAPH_ENTRIES = 1024              # a StepGraph shares its blocks: a few KB of its own
+_BLOCK_SETS = 128                  # builder blocks of one configuration: ~100 KB
 
 
 class LRU:
@@ -61,6 +63,8 @@ durations = LRU(_BLOCK_ENTRIES)     # (signature, cluster key, precision) -> tup
 replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (duration, parts)
 compiled = LRU(256)                 # signature -> CompiledGraph (structure only; no durations)
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
+blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
+facts = LRU(64)                     # (question, object key) -> answer about a read-only input
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _cluster_keys: dict[int, tuple[Any, str]] = {}
@@ -105,6 +109,16 @@ def cluster_key(cluster) -> str:
     return key
 
 
+def block_config(par):
+    """The parallel configuration with what only the pipeline plan and stage sync read blanked out:
+    the global batch (micro-batch count), the GPU count, the pipeline shape (pp, vpp, schedule) and,
+    below ZeRO-3, dp (layer blocks hold DP collectives only under ZeRO-3; comet/workload/layers.py).
+    Candidates of a search that differ in these share their blocks. tests/replay/test_cache.py checks on random configurations that equal
+    keys build equal blocks, so a builder that starts to read one of these fields fails it."""
+    return replace(par, global_batch=1, gpus=None, dp=par.dp if par.zero >= 3 else None, pp=1, vpp=1,
+                   schedule=None)
+
+
 def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""
@@ -127,7 +141,7 @@ class _Held:
 
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs):
+    for c in (durations, replays, compiled, graphs, blocks, facts):
         c.clear()
     _signatures.clear()
     _cluster_keys.clear()
@@ -136,4 +150,4 @@ def clear() -> None:
 def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
-            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs))}
+            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks))}

@@ -4,7 +4,7 @@ The static-order pipeline schedule is a DAG whose longest path is the step: a ta
 max(its stage's previous task, the task it waits for on another stage, its release) + duration.
 `longest_path` visits every task once, in an order that respects both kinds of dependencies: each
 stage advances as far as its cross-stage inputs allow, round-robin over stages (Kahn's algorithm
-specialised to one chain per stage). The arithmetic per task is the event engine's (`max` then `+`),
+specialised to one chain per stage, sweeping down then up). The arithmetic per task is the event engine's (`max` then `+`),
 so with overlap slowdown off the end times are bit-identical to replaying every op.
 """
 
@@ -36,9 +36,11 @@ def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: 
     done[n] = True
     ptr = offset[:-1].copy()
     left = n
+    down = True
     while left > 0:
         progressed = False
-        for s in range(pp):
+        for k in range(pp):
+            s = k if down else pp - 1 - k      # forwards flow down the pipeline, backwards up
             i = ptr[s]
             hi = offset[s + 1]
             prev = end[i - 1] if i > offset[s] else 0.0
@@ -58,6 +60,7 @@ def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: 
                 progressed = True
         if not progressed:
             return end[:n], False
+        down = not down
     return end[:n], True
 
 
