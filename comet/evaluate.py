@@ -62,12 +62,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
 def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
     # perf: a search evaluates one configuration on many clusters; its graph is built once (graphs are
     # read-only from here on). A base graph re-timed to the cluster is keyed by the cluster too.
+    if not cache.enabled:
+        return build_step_graph(model, par) if base is None else _transformed(base, model, par, cluster)
     if base is None or cache.facts.get_or(("plain build", cache.object_key(base), model),
                                                        lambda: _plain_build(base, model)):
         return cache.graphs.get_or((None, model, par, None), lambda: _built(model, par))
-    from comet.transform import transform_to   # the trace-driven path: rescale the base graph
     key = (cache.object_key(base), model, par, cache.cluster_key(cluster))
-    return cache.graphs.get_or(key, lambda: transform_to(base, model, par, cluster=cluster))
+    return cache.graphs.get_or(key, lambda: _transformed(base, model, par, cluster))
+
+
+def _transformed(base: StepGraph, model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> StepGraph:
+    from comet.transform import transform_to   # the trace-driven path: rescale the base graph
+    return transform_to(base, model, par, cluster=cluster)
 
 
 def _plain_build(base: StepGraph, model: ModelSpec) -> bool:

@@ -80,7 +80,7 @@ def exposure_parts(rep: Replay) -> dict[str, float]:
 def time_block(g: nx.DiGraph, cluster: ClusterSpec, precision: str, keep_replay: bool = False) -> BlockTiming:
     if len(g) == 0:
         return BlockTiming(0.0, {"compute": 0.0})
-    if not keep_replay:
+    if cache.enabled and not keep_replay:
         return _time_block_shared(g, cluster, precision)
     # perf: a materialized or measured block has every duration already; the cost model runs only for the rest
     durations = {nid: timed_s(op, cluster, precision) for nid, op in g.nodes(data="op")}

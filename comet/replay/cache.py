@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, Hashable
 
@@ -38,6 +39,8 @@ class LRU:
         self.hits = self.misses = 0
 
     def get_or(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        if not enabled:
+            return compute()
         d = self._d
         try:
             value = d[key]
@@ -58,6 +61,8 @@ class LRU:
     def __len__(self) -> int:
         return len(self._d)
 
+
+enabled = True                      # False: every value computed afresh (see disabled())
 
 durations = LRU(_BLOCK_ENTRIES)     # (signature, cluster key, precision) -> tuple of op durations
 replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (duration, parts)
@@ -137,6 +142,17 @@ class _Held:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, _Held)
+
+
+@contextmanager
+def disabled():
+    """Evaluate without any sharing: the reference the caches are tested against."""
+    global enabled
+    before, enabled = enabled, False
+    try:
+        yield
+    finally:
+        enabled = before
 
 
 def clear() -> None:
