@@ -11,7 +11,8 @@ from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
 from comet.replay.blocks import BlockTiming, time_block
-from comet.replay.pipeline import StagePrograms, build_programs, last_backward, solve
+from comet.replay.pipeline import StagePrograms
+from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
 from comet.replay.timing import timed_s
 from comet.result import BREAKDOWN_KEYS
@@ -114,8 +115,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             f_release[s, bs.chunk] = clock + first_layer * d
             clock += bs.count * d
         gather_end[s] = clock
-    prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    end = solve(prog)
+    prog, end = run_pipeline(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     tails = _tails(graph, prog, end, gather_end, t, blocks, record=keep_block_replays)
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
@@ -148,7 +148,7 @@ def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t
     `record` (for the timeline)."""
     plan = graph.plan
     pp = plan.pp
-    last_b = last_backward(plan.schedule, pp, plan.vpp, plan.num_microbatches)     # (stage, chunk) -> task
+    last_b = prog.last_b                                           # (stage, chunk) -> its last backward task
     last_b_start = end[last_b] - prog.dur[last_b]
     gather_end = np.asarray(gather_end, dtype=float)
     # perf: stages whose bucket sets and layer counts are the same (every middle stage shares one

@@ -141,3 +141,21 @@ def test_compiled_solver_reports_a_cycle():
     bad.src[0] = 1                       # stage 0's first forward waits for a later task of its own chain
     with pytest.raises(Exception, match="did not converge"):
         solve(bad)
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),
+                                               ("1f1b", 8, 1, 3), ("interleaved_1f1b", 2, 3, 4), ("1f1b", 1, 1, 4),
+                                               ("interleaved_1f1b", 4, 1, 6), ("interleaved_1f1b", 3, 2, 6)])
+def test_one_pass_pipeline_equals_programs_then_solve(schedule, pp, vpp, m):
+    from comet.replay.pipeline import last_backward, run
+    rng = np.random.default_rng(pp * 1000 + vpp * 10 + m)
+    f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
+    release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
+    ref = build_programs(schedule, pp, vpp, m, f, b, release)
+    prog, end = run(schedule, pp, vpp, m, f, b, release)
+    for name in ("phase", "chunk", "mb", "dur", "src", "release", "offset"):
+        np.testing.assert_array_equal(getattr(prog, name), getattr(ref, name), err_msg=name)
+    np.testing.assert_array_equal(prog.last_b, last_backward(schedule, pp, vpp, m))
+    if HAVE_NUMBA:
+        np.testing.assert_array_equal(end, solve(ref))            # the same arithmetic, bit for bit
+    np.testing.assert_allclose(end, solve_numpy(ref), rtol=1e-12, atol=0)
