@@ -22,6 +22,7 @@ import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
@@ -70,6 +71,8 @@ compiled = LRU(256)                 # signature -> CompiledGraph (structure only
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
 facts = LRU(64)                     # (question, object key) -> answer about a read-only input
+
+_memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _cluster_keys: dict[int, tuple[Any, str]] = {}
@@ -144,6 +147,21 @@ class _Held:
         return isinstance(other, _Held)
 
 
+def memoized(maxsize: int):
+    """functools.lru_cache for pure functions of hashable structure (schedule shapes), emptied by
+    clear() and bypassed by disabled()."""
+    def wrap(fn):
+        shared = lru_cache(maxsize=maxsize)(fn)
+        _memoized.append(shared)
+
+        @wraps(fn)
+        def call(*args):
+            return shared(*args) if enabled else fn(*args)
+        call.cache_clear = shared.cache_clear
+        return call
+    return wrap
+
+
 @contextmanager
 def disabled():
     """Evaluate without any sharing: the reference the caches are tested against."""
@@ -159,6 +177,8 @@ def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
     for c in (durations, replays, compiled, graphs, blocks, facts):
         c.clear()
+    for fn in _memoized:
+        fn.cache_clear()
     _signatures.clear()
     _cluster_keys.clear()
 

@@ -16,11 +16,11 @@ event engine on the expanded op graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from comet.errors import GraphError
+from comet.replay import cache
 from comet.replay.kernels import HAVE_NUMBA, longest_path, pipeline_tasks
 from comet.replay.schedule import BWD, FWD, all_stage_tasks, warmups
 
@@ -42,7 +42,7 @@ class StagePrograms:
         return len(self.dur)
 
 
-@lru_cache(maxsize=64)
+@cache.memoized(64)
 def _structure(schedule: str, pp: int, vpp: int, m: int):
     """The task arrays that depend only on the schedule's shape: computed once per (schedule, pp, vpp,
     m) and shared by every candidate with that shape (read-only)."""
@@ -69,7 +69,7 @@ def _structure(schedule: str, pp: int, vpp: int, m: int):
     return arrays
 
 
-@lru_cache(maxsize=64)
+@cache.memoized(64)
 def last_backward(schedule: str, pp: int, vpp: int, m: int) -> np.ndarray:
     """(stage, chunk) -> global index of the chunk's last backward task (the last micro-batch's)."""
     phase, chunk, mb, *_ = _structure(schedule, pp, vpp, m)

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
+from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.pipeline import StagePrograms
 from comet.replay.pipeline import run as run_pipeline
@@ -50,31 +51,41 @@ def _scaled(parts: dict, k: float, into: dict) -> None:
         into[key] = into.get(key, 0.0) + k * v
 
 
+def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
+    """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
+    forward and backward runs: middle stages all run the same few."""
+    kinds: dict = {}
+    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
+    for s in range(plan.pp):
+        for c in range(plan.vpp):
+            for phase in (FWD, BWD):
+                # the task ends with a blocking send (None: the last forward / first backward)
+                key = (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
+                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
+    return list(kinds), ids[FWD], ids[BWD]
+
+
+_task_kinds_shared = cache.memoized(256)(_task_kinds)
+
+
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
-    pp, vpp = plan.pp, plan.vpp
-    f_dur, b_dur = np.zeros((pp, vpp)), np.zeros((pp, vpp))
-    f_parts = [[None] * vpp for _ in range(pp)]
-    b_parts = [[None] * vpp for _ in range(pp)]
-    memo: dict = {}
-    for s in range(pp):
-        for c in range(vpp):
-            for phase, parts_of, dur_of in ((FWD, f_parts, f_dur), (BWD, b_parts, b_dur)):
-                keys = task_blocks(plan, s, c, phase)
-                stride = send_stride(plan, s, c, phase)    # the task ends with a blocking send
-                # perf: tasks running the same blocks and send (e.g. every middle stage) are summed once
-                memo_key = (tuple(keys), stride)
-                if memo_key not in memo:
-                    parts: dict = {}
-                    for key in keys:
-                        _scaled(blocks[key].parts, 1, parts)
-                    if stride is not None:
-                        parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride,
-                                                                                         cluster)
-                    memo[memo_key] = (parts, sum(parts.values()))
-                parts_of[s][c], dur_of[s, c] = memo[memo_key]
-    return f_dur, b_dur, f_parts, b_parts
+    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
+    kinds, f_kind, b_kind = _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
+    parts_of, dur_of = [], []
+    for keys, stride in kinds:
+        parts: dict = {}
+        for key in keys:
+            _scaled(blocks[key].parts, 1, parts)
+        if stride is not None:
+            parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
+        parts_of.append(parts)
+        dur_of.append(sum(parts.values()))
+    dur_of = np.array(dur_of)
+    f_parts = [[parts_of[k] for k in row] for row in f_kind.tolist()]
+    b_parts = [[parts_of[k] for k in row] for row in b_kind.tolist()]
+    return dur_of[f_kind], dur_of[b_kind], f_parts, b_parts
 
 
 def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
