@@ -23,6 +23,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="comet", description="Plan large LLM training runs on a replayed cluster model.")
+    from comet import __version__
+    parser.add_argument("--version", action="version", version=f"comet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in SUBCOMMANDS:
         try:

@@ -49,7 +49,7 @@ KINETO_SEED = TRACES / "single_gpu" / "benchmark_simple_add_trace.json.gz"
 ET_SEED = TRACES / "single_gpu" / "benchmark_simple_add_et.json.gz"
 CHAKRA_JSON_SEED = (TRACES / "chakra_et" / "json_trace.tar.gz", "jsonData/small_chakra.0.json")
 CHAKRA_ET_SEED = TRACES / "chakra_et" / "astra_sim_all_reduce_8npus_1MB" / "all_reduce.0.et"
-CSV_SEED = SHARED / "calibration" / "published.csv"
+CSV_SEED = SHARED / "calibration" / "measurements.csv"   # schema v2 (SCHEMA.md); the first rows are the seed
 # per format: (list key, fields of each item the reader takes in). A planted NaN / inf / negative value
 # there must be refused.
 TRACE_READS = {"kineto": ("traceEvents", {"ts", "dur"}),
@@ -67,6 +67,7 @@ class Case:
     argv: list[str]
     mutation: Mutation
     json_out: bool = False       # stdout is one JSON document to check for garbage
+    json_file: str | None = None   # `validate --json FILE`: per-row statuses and predictions
 
 
 @dataclass
@@ -175,8 +176,8 @@ def csv_cases(n: int, rng: random.Random, work: Path) -> list[Case]:
         return []
     import csv
     lines = CSV_SEED.read_text().splitlines(keepends=True)
-    seed_bytes = "".join(lines[:6]).encode()
-    rows = list(csv.reader(io.StringIO("".join(lines[:6]))))
+    seed_bytes = "".join(lines[:4]).encode()
+    rows = list(csv.reader(io.StringIO("".join(lines[:4]))))
     header, body = rows[0], rows[1:]
     numeric_cols = [j for j, h in enumerate(header) if any(_is_float(r[j]) for r in body)]
     out = []
@@ -192,6 +193,7 @@ def csv_cases(n: int, rng: random.Random, work: Path) -> list[Case]:
             must = value.lower() in ("nan", "inf", "-inf", "1e400") or (value.startswith("-") and _is_float(old)
                                                                         and float(old) > 0)
             data, m = buf.getvalue().encode(), Mutation(f"cell={value}", f"row{r}.{header[j]}", must and bool(old))
+            m.row = r
         elif rng.random() < 0.5:
             data, m = mutate_text(seed_bytes, rng, "csv")
         else:
@@ -200,7 +202,8 @@ def csv_cases(n: int, rng: random.Random, work: Path) -> list[Case]:
             csv.writer(buf).writerows([[c for k, c in enumerate(row) if k != drop] for row in [header] + body])
             data, m = buf.getvalue().encode(), Mutation("drop_column", header[drop], False)
         path = _write(work, f"meas{i}.csv", data)
-        out.append(Case("measurement CSV", ["validate", path, "--quiet", "--json", str(work / f"meas{i}.out.json")], m))
+        out.append(Case("measurement CSV", ["validate", path, "--quiet", "--json", str(work / f"meas{i}.out.json")], m,
+                        json_file=str(work / f"meas{i}.out.json")))
     return out
 
 
@@ -429,6 +432,30 @@ def _bad_numbers(obj, key: str = "") -> str | None:
     return None
 
 
+def _check_validate_json(case: Case, code: int, seconds: float) -> Outcome:
+    """`comet validate` reports a bad cell by skipping its row (the other rows go on): a must-reject cell
+    is garbage only if its row was predicted; any non-finite or negative prediction is garbage."""
+    try:
+        doc = json.loads(Path(case.json_file).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return Outcome(case, code, seconds, "garbage", f"exit 0 but no readable --json output ({exc})")
+    rows = doc.get("rows", [])
+    row = getattr(case.mutation, "row", None)
+    if case.mutation.must_reject:
+        hit = [r for r in rows if r.get("index") == row]
+        if row is None or (hit and hit[0].get("status") not in ("skipped",)):
+            return Outcome(case, code, seconds, "garbage",
+                           f"row {row} with {case.mutation.name} at {case.mutation.path} was "
+                           f"{hit[0].get('status') if hit else 'accepted'}")
+    for r in rows:
+        for key in ("predicted", "error_pct"):
+            v = r.get(key)
+            if isinstance(v, float) and not math.isfinite(v) or (key == "predicted" and isinstance(v, (int, float))
+                                                                  and v < 0):
+                return Outcome(case, code, seconds, "garbage", f"row {r.get('index')} {key}={v}")
+    return Outcome(case, code, seconds, "ok")
+
+
 def run_case(case: Case, timeout: float, work: Path) -> Outcome:
     out_f, err_f = work / "stdout.txt", work / "stderr.txt"
     t0 = time.monotonic()
@@ -473,6 +500,8 @@ def run_case(case: Case, timeout: float, work: Path) -> Outcome:
     code = os.WEXITSTATUS(status)
     if "Traceback (most recent call last)" in err or code in (3, 97):
         return Outcome(case, code, seconds, "traceback", err.strip().splitlines()[-1][:300] if err.strip() else "")
+    if code == 0 and case.json_file:
+        return _check_validate_json(case, code, seconds)
     if code == 0:
         if case.mutation.must_reject:
             return Outcome(case, code, seconds, "garbage", f"accepted {case.mutation.name} at {case.mutation.path}")
