@@ -53,12 +53,13 @@ def _journal_keys(folder: Path) -> set[str]:
 
 
 def _widened(space: Path, work: Path) -> str:
-    """The space with 4 scale-out bandwidths, 3 HBM sizes, 2 NVLink domain sizes and 4 micro-batch sizes
-    (5,184 grid points on the gpt3_175b space: ~60 s serial on a 2-core machine)."""
+    """The space with 5 GPU counts, 5 scale-out bandwidths, 4 HBM sizes, 2 NVLink domain sizes and 4
+    micro-batch sizes (14,400 grid points on the gpt3_175b space: about a minute serial)."""
     doc = yaml.safe_load(space.read_text())
     spec = Path(doc["cluster"]["spec"])
     doc["cluster"]["spec"] = str(spec if spec.is_absolute() else (space.parent / spec).resolve())
-    doc["cluster"].update(scaleout_bandwidth_GBps=[12.5, 25, 50, 100], hbm_GB=[80, 96, 141], scaleup_size=[8, 16])
+    doc["cluster"].update(gpus=[128, 256, 512, 768, 1024], scaleout_bandwidth_GBps=[12.5, 25, 50, 100, 200],
+                          hbm_GB=[80, 96, 141, 192], scaleup_size=[8, 16])
     doc["parallel"].update(micro_batch=[1, 2, 4, 8])
     path = work / "space.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
