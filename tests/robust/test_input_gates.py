@@ -220,3 +220,19 @@ def test_job_must_span_whole_domains(tmp_path, capsys):
     err = _one_line(capsys, ["estimate", "--model", "gpt_1_7b", "--cluster", str(path), "--gpus", "64",
                              "--global-batch", "64"])
     assert "gpus (64) must be a multiple of the nvlink domain size (3)" in err
+
+
+def test_measurement_csv_gate(tmp_path, capsys):
+    seed = ROOT.parent / "shared" / "calibration" / "measurements.csv"
+    if not seed.is_file():
+        pytest.skip("../shared/calibration/measurements.csv is missing")
+    head = "".join(seed.read_text().splitlines(keepends=True)[:2])
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + head.encode())      # saved by a spreadsheet with a BOM: read as usual
+    out = tmp_path / "v.json"
+    assert main(["validate", str(bom), "--quiet", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["status"] in ("ok", "infeasible")
+    capsys.readouterr()
+    gz = tmp_path / "m.csv"
+    gz.write_bytes(gzip.compress(head.encode()))
+    assert "gzip-compressed" in _one_line(capsys, ["validate", str(gz), "--quiet"])
