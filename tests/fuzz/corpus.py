@@ -250,7 +250,9 @@ def _trace_doc_cases(kind: str, name: str, doc, n: int, rng: random.Random, work
 def _et_structural(doc, rng):
     d = json.loads(json.dumps(doc))
     nodes = d["nodes"]
-    a, b = rng.sample(range(len(nodes)), 2)
+    # roots ("[pytorch|profiler|execution_...]") are their own parents by convention: pick operators
+    ops = [i for i, n in enumerate(nodes) if not str(n.get("name", "")).startswith("[pytorch|profiler|execution_")]
+    a, b = rng.sample(ops, 2)
     what = rng.choice(("self_parent", "mutual_parent", "null_names", "dup_ids", "list_id", "str_ids"))
     if what == "self_parent":
         nodes[a]["parent"] = nodes[a]["id"]
