@@ -39,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--dp", type=positive_int)
     p.add_argument("--cp", type=positive_int, help="context parallel size (default 1)")
     p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--pp-first-stage-layers", type=positive_int, help="uneven pipeline: layers on the first stage")
+    p.add_argument("--pp-last-stage-layers", type=positive_int, help="uneven pipeline: layers on the last stage")
     p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
     p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
     p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")
