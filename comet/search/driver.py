@@ -139,6 +139,14 @@ def _calibrated_base(space: SearchSpace, model) -> Any:
     spec = space.base.cluster or space.cluster_spec
     if not Path(spec).is_file():
         raise ConfigError(f"cluster spec not found: {spec}", source=space.source, field="base.cluster")
+    from comet.trace.ground import ground_for     # an LLM step it recognises: grounded op by op
+    try:
+        base, report = ground_for(space.base.trace, model, load_cluster(spec))
+        return base.with_(meta=dict(base.meta, calibration=report))
+    except (TraceError, ConfigError) as exc:
+        if not space.base.build:
+            raise TraceError(f"{space.source}: base.trace: {exc}; give base.build (the configuration it ran) "
+                             "to calibrate per kernel class instead") from None
     par = _reference_parallel(space, model)
     try:
         trace = load_trace(space.base.trace)
