@@ -331,9 +331,7 @@ def _parse_base(data: Any, source: str) -> BaseTrace:
     for key in ("trace", "cluster"):
         if key in data and not isinstance(data[key], str):
             raise ConfigError(f"must be a path, got {data[key]!r}", field=f"base.{key}")
-    if "build" not in data:
-        raise ConfigError("needs base.build: {tp: .., pp: .., micro_batch: ..}, the configuration the trace was "
-                          "measured with", field="base.trace")
+    # without base.build the trace must be a recognisable LLM step (comet/trace/recognize.py)
     cluster = _resolve_path(data["cluster"], source) if "cluster" in data else None
     return BaseTrace(build=dict(build), trace=_resolve_path(data["trace"], source), cluster=cluster)
 
