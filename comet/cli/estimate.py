@@ -96,6 +96,10 @@ def _print_tables(model, cluster, par, res, timeline_path) -> None:
             ("memory per GPU", f"{res.memory_gb_per_gpu:.1f} GB of {cluster.gpu.hbm_GB:g} GB")]
     if "time_to_train_s" in res.extra:
         rows.append(("time to train", f"{res.extra['time_to_train_s'] / 86400:.1f} days"))
+    from comet.validate.uncertainty import band_for   # expected error from the validation residuals
+    band = band_for(model, par)
+    if band is not None:
+        rows.append(("expected error (time metrics)", str(band)))
     for k, v in rows:
         t.add_row(k, v)
     con.print(t)

@@ -112,6 +112,24 @@ def _best(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace) -> list[str
     lines += _table(pd.DataFrame(rows), ["objective"] + show)
     lines += ["", f"## Pareto set ({len(front)} designs; first {min(len(front), 20)})", ""]
     lines += _table(front.head(20), show)
+    return lines + [""] + _error_band_note(ok)
+
+
+def _error_band_note(ok: pd.DataFrame) -> list[str]:
+    """Hook (comet.validate.uncertainty): designs closer than the validation error band are a tie."""
+    from comet.validate.uncertainty import error_band
+    if ok.empty or "step_time_s" not in ok:
+        return []
+    fastest = ok.sort_values("step_time_s").iloc[:2]
+    prec = fastest.iloc[0].get("precision") if "precision" in fastest else None
+    band = error_band(prec if isinstance(prec, str) else None, int(fastest.iloc[0].get("gpus", 0) or 0))
+    if band is None:
+        return []
+    lines = [f"Expected error of a step-time prediction: {band} (comet validate residuals by regime)."]
+    if len(fastest) == 2:
+        gap = (fastest.iloc[1]["step_time_s"] / fastest.iloc[0]["step_time_s"] - 1) * 100
+        if gap < band.pct:
+            lines.append(f"The two fastest designs differ by {gap:.1f}%, less than that band: treat them as equal.")
     return lines + [""]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from comet.config.model import Activation, ModelSpec
-from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
+from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule, SelectivePolicy
 from comet.errors import CometError, ConfigError
 from comet.validate.frameworks import FrameworkDefaults, defaults_for
 
@@ -252,6 +252,7 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
             sequence_parallel=c.bool_or("sequence_parallel", d.sequence_parallel),
             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B,
             recompute=Recompute(recompute), zero=zero, precision=Precision(precision),
+            selective_policy=SelectivePolicy(d.selective_policy), fp8_impl=d.fp8_impl,
             overlap_grad_reduce=c.bool_or("overlap_grad_reduce", d.overlap_grad_reduce),
             overlap_param_gather=c.bool_or("overlap_param_gather", d.overlap_param_gather),
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),

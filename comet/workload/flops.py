@@ -9,7 +9,7 @@ term. For GPT shapes this is Korthikanti et al.'s 72*B*L*s*h^2*(1 + s/(6h) + V/(
 from __future__ import annotations
 
 from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig, Recompute
+from comet.config.parallel import ParallelConfig, Recompute, SelectivePolicy
 
 
 def layer_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
@@ -38,6 +38,11 @@ def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
     extra = 0.0
     if par.recompute is Recompute.FULL:
         extra = layer_fwd
+    elif par.recompute is Recompute.SELECTIVE and par.selective_policy is SelectivePolicy.OP_SAC:
+        h = model.hidden
+        extra = 2 * h * (model.kv_hidden + h + model.ffn_hidden)   # wk, wo, w3 re-run
+    elif par.recompute is Recompute.SELECTIVE and par.selective_policy is SelectivePolicy.SAVE_QKV:
+        extra = layer_fwd - 2 * model.hidden * (model.hidden + 2 * model.kv_hidden)   # all but the QKV GEMM
     elif par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         extra = 4 * model.seq_len * model.hidden   # the attention core is recomputed
     return model_flops_per_step(model, par.global_batch) + tokens * model.layers * extra

@@ -294,12 +294,39 @@ def layer_recompute(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
     recomputes its scores inside the backward kernel)."""
-    from comet.config.parallel import Recompute
+    from comet.config.parallel import Recompute, SelectivePolicy
     if par.recompute is Recompute.FULL:
         return layer_forward(model, par, phase=Phase.RECOMPUTE)
+    if par.recompute is Recompute.SELECTIVE and par.selective_policy is not SelectivePolicy.ATTENTION:
+        return _policy_recompute(model, par, par.selective_policy)
     bb = BlockBuilder(Phase.RECOMPUTE, par, model)
     if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         attention_core(bb, Dims.of(model, par), [], backward=False)
+    return bb.done()
+
+
+def _policy_recompute(model: ModelSpec, par: ParallelConfig, policy) -> nx.DiGraph:
+    """The forward work a framework's selective policy re-runs before the layer's backward (see
+    comet.workload.memory._policy_saved_bytes for what each keeps). op_sac: the norms, the recomputed
+    mm's wk (kv wide), wo and w3 (f wide) and the activation; save_qkv: everything after the QKV GEMM."""
+    from comet.config.parallel import SelectivePolicy
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.RECOMPUTE, par, model)
+    x = norm(bb, D, "input_norm", [])
+    if policy is SelectivePolicy.OP_SAC:
+        x = [bb.gemm("wk", D.T, D.kv // D.t, D.h, x)]
+        x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)
+        x = norm(bb, D, "mlp_norm", x)
+        x = [bb.gemm("w3", D.T, D.f // D.t, D.h, x)]
+        bb.memory(D.act, D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)
+        return bb.done()
+    x = attention_core(bb, D, x, backward=False)
+    x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)
+    x = dropout_add(bb, D, "attention.dropout_add", x)
+    x = norm(bb, D, "mlp_norm", x)
+    x = tp_in(bb, D, "fc1", D.T, D.gate * D.f // D.t, D.h, x)
+    x = [bb.memory(D.act, D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
+    tp_out(bb, D, "fc2", D.T, D.h, D.f // D.t, x)
     return bb.done()
 
 
