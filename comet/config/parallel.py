@@ -60,6 +60,7 @@ class ParallelConfig:
     precision: Precision = Precision.BF16
     overlap_grad_reduce: bool = True           # DP reduce-scatter/all-reduce overlaps backward
     overlap_param_gather: bool = True          # ZeRO param all-gather overlaps the next forward
+    overlap_p2p_comm: bool = False             # interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
     offload: tuple[OffloadTarget, ...] = ()

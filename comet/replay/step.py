@@ -63,7 +63,8 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
                     _scaled(blocks[key].parts, 1, parts)
                 stride = send_stride(plan, s, c, phase)    # the task ends with a blocking send
                 if stride is not None:
-                    parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
+                    parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)
+                                           + plan.p2p_exposed * p2p_time_s(plan.p2p_bytes, stride, cluster))
             fp, bp = f_parts[s][c], b_parts[s][c]
             f_dur[s, c], b_dur[s, c] = sum(fp.values()), sum(bp.values())
     return f_dur, b_dur, f_parts, b_parts

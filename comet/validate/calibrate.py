@@ -25,7 +25,7 @@ from pathlib import Path
 
 from comet.config.cluster import ClusterSpec, load_cluster
 from comet.validate.predict import ClusterCache, Prediction, predict
-from comet.validate.rows import Case
+from comet.validate.rows import MEMORY_METRICS, Case
 
 PRIOR_GEMM_FP8 = 0.74   # ~1400-1470 TFLOP/s FP8 large GEMMs of 1978.9 (DeepGEMM PRs; calibration README)
 LARGE_GEMM_RANGE = (0.60, 0.90)   # achieved fraction of dense peak of an 8192^3 BF16 GEMM
@@ -174,7 +174,10 @@ def _log_error(preds: list[Prediction]) -> float:
 
 
 def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResult:
-    rows = [c for c in cases if c.cluster_file == cluster_file and not c.skip_reason and not c.held_out]
+    rows = [c for c in cases if c.cluster_file == cluster_file and not c.skip_reason and not c.held_out
+            and c.metric not in MEMORY_METRICS]          # memory does not depend on the efficiencies
+    base_cache = ClusterCache(".", {cluster_file: base})
+    rows = [c for c in rows if predict(c, base_cache).status == "ok"]   # infeasible rows cannot inform a rate
     prior = PRIORS[cluster_file]
     params = [p for p in PARAMS if p.key in prior]
     u0 = [p.to_unit(prior[p.key]) for p in params]

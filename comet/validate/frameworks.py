@@ -51,6 +51,7 @@ class FrameworkDefaults:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     overlap_tp_comm: bool = False
+    overlap_p2p_comm: bool = True            # Megatron-LM arguments.py: on unless --no-overlap-p2p-communication
     grad_dtype: str = "fp32"                 # dtype gradients are accumulated and reduced in
     vocab_pad_to: int = 128                  # Megatron make_vocab_size_divisible_by; 1 = none
     flops_formula: str = "megatron_model"    # how its TFLOP/s / MFU figures count FLOPs
@@ -67,6 +68,7 @@ _MEGATRON_CORE = FrameworkDefaults(
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
 _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
+                         overlap_p2p_comm=False,
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
 _NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16",

@@ -256,6 +256,7 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
             overlap_grad_reduce=c.bool_or("overlap_grad_reduce", d.overlap_grad_reduce),
             overlap_param_gather=c.bool_or("overlap_param_gather", d.overlap_param_gather),
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
+            overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,

@@ -22,6 +22,7 @@ from comet.graph.ir import (CP_STREAM, DP_STREAM, OFFLOAD_STREAM, TP_STREAM, Col
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 
 ACT_BYTES = 2   # bf16/fp16 activations
+FP8_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,16 @@ class BlockBuilder:
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
+        """A GEMM; under FP8 the layer GEMMs run in FP8 (Transformer Engine) while the output layer
+        stays BF16 (Megatron's output layer is a plain ColumnParallelLinear, not a TE module) and so do
+        the batched attention GEMMs. TE casts each FP8 GEMM's input (forward) and output gradient
+        (dgrad) to FP8 with a fused cast + transpose + amax kernel: read 2 bytes, write 1 + 1 bytes per
+        element of the m x k operand (TE `fp8_cast_transpose_fused`); the wgrad reuses both."""
+        fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
+        if fp8 and not name.split("[")[0].endswith(".wgrad"):
+            after = [self.memory(f"{name}.fp8_cast_transpose", m * k * (ACT_BYTES + 2 * FP8_BYTES), after)]
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
-                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if self.fp8 and batch == 1 else 2,
+                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
                             phase=self.phase), after)
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
