@@ -27,6 +27,14 @@ def register(sub) -> None:
     p.add_argument("--dp", type=int)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--pp-first-stage-layers", type=int, help="uneven pipeline: layers on the first stage")
+    p.add_argument("--pp-last-stage-layers", type=int, help="uneven pipeline: layers on the last stage")
+    p.add_argument("--pp-embedding-as-layer", action="store_true",
+                   help="count the embedding as a layer in the pipeline split (Megatron-Core)")
+    p.add_argument("--pp-loss-as-layer", action="store_true",
+                   help="count the loss as a layer in the pipeline split (Megatron-Core)")
+    p.add_argument("--overlap-p2p-comm", action="store_true", help="interleaved pipeline sends overlap compute")
+    p.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="gradient reduce dtype")
     p.add_argument("--schedule", choices=[s.value for s in Schedule])
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--global-batch", type=int, required=True)
@@ -55,7 +63,10 @@ def parallel_from_args(a) -> ParallelConfig:
                           precision=Precision(a.precision), overlap_grad_reduce=not a.no_overlap_grad_reduce,
                           overlap_param_gather=not a.no_overlap_param_gather, overlap_tp_comm=a.overlap_tp_comm,
                           flash_attention=not a.no_flash_attention,
-                          offload=tuple(OffloadTarget(x) for x in a.offload))
+                          offload=tuple(OffloadTarget(x) for x in a.offload),
+                          pp_first_stage_layers=a.pp_first_stage_layers, pp_last_stage_layers=a.pp_last_stage_layers,
+                          pp_embedding_as_layer=a.pp_embedding_as_layer, pp_loss_as_layer=a.pp_loss_as_layer,
+                          overlap_p2p_comm=a.overlap_p2p_comm, grad_dtype=a.grad_dtype)
 
 
 def run(a) -> int:

@@ -213,6 +213,9 @@ PARALLEL_AXES: dict[str, Callable] = {
     "recompute": _enum(Recompute), "zero": _zero, "precision": _enum(Precision), "offload": _offload,
     "overlap_grad_reduce": _bool, "overlap_param_gather": _bool, "overlap_tp_comm": _bool,
     "flash_attention": _bool,
+    # uneven pipelines (comet/config/stages.py): embedding / loss counted as layers, or first / last stage layers
+    "pp_embedding_as_layer": _bool, "pp_loss_as_layer": _bool,
+    "pp_first_stage_layers": _dp, "pp_last_stage_layers": _dp,
 }
 _NUMERIC = {"gpus", "hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_bandwidth_GBps", "scaleup_size",
             "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale",
