@@ -15,6 +15,7 @@ from comet import cost
 from comet.config.cluster import ClusterSpec, MemoryTier
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import ConfigError
 from comet.result import CandidateStatus, Result
@@ -22,7 +23,7 @@ from comet.result import CandidateStatus, Result
 # Canonical order of provisioning keys (columns, labels, keys).
 PROVISION_KEYS = ("hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_bandwidth_GBps", "scaleup_size",
                   "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale")
-_ENUMS = {"schedule": Schedule, "recompute": Recompute, "precision": Precision}
+_ENUMS = {"schedule": Schedule, "recompute": Recompute, "precision": Precision, "moe_dispatcher": Dispatcher}
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,21 @@ def apply_provisioning(cluster: ClusterSpec, provision: dict) -> ClusterSpec:
     return replace(cluster, gpu=gpu, network=tuple(network), memory_expansion=expansion)
 
 
+def cluster_axes(cluster: ClusterSpec) -> dict:
+    """Every provisioning axis' value in `cluster` (the inverse of apply_provisioning), so a results row
+    carries its complete cluster whether an axis was swept or not."""
+    exp = cluster.memory_expansion
+    axes = {"hbm_GB": cluster.gpu.hbm_GB, "hbm_bandwidth_GBps": cluster.gpu.hbm_bandwidth_GBps,
+            "expansion_GB": exp.capacity_GB if exp else 0.0,
+            "expansion_bandwidth_GBps": exp.bandwidth_GBps if exp else None,
+            "scaleup_size": cluster.network[0].size, "scaleup_bandwidth_GBps": cluster.network[0].bandwidth_GBps,
+            "compute_scale": 1.0}
+    if len(cluster.network) > 1:
+        axes["scaleout_bandwidth_GBps"] = cluster.network[-1].bandwidth_GBps
+        axes["oversubscription"] = cluster.network[-1].oversubscription
+    return axes
+
+
 def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> ParallelConfig:
     """ParallelConfig from canonical axis values (enum names as strings, offload as 'a+b' / 'none')."""
     kwargs = {"global_batch": global_batch, "gpus": gpus}
@@ -114,7 +130,7 @@ def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> P
 def parallel_dict(parallel: ParallelConfig) -> dict:
     d = dataclasses.asdict(parallel)
     for k, v in d.items():
-        if isinstance(v, (Schedule, Recompute, Precision)):
+        if isinstance(v, (Schedule, Recompute, Precision, Dispatcher)):
             d[k] = v.value
     d["offload"] = "+".join(t.value for t in parallel.offload) or "none"
     return d

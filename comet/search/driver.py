@@ -17,14 +17,20 @@ import pandas as pd
 from comet.config.cluster import CostSpec, load_cluster
 from comet.config.loader import from_dict
 from comet.config.model import load_model
+from comet.config.paths import check_output_dir
 from comet.errors import ConfigError, TraceError
 from comet.result import Result
 from comet.search import results as res_io
 from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates
-from comet.search.context import (Candidate, EvalContext, context_fingerprint, engine_fingerprint,
+from comet.search.context import (Candidate, EvalContext, cluster_axes, context_fingerprint, engine_fingerprint,
                                   evaluate_candidate, parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
-from comet.search.space import PARALLEL_AXES, Method, SearchSpace
+from comet.search.lock import ResultsLock
+from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace, grid_size
+
+# The grid is enumerated (and pruned) in memory before evaluation: ~1 kB and ~50 us per point, so 10^6
+# points is ~1 GB and a minute before the first evaluation. Larger grids need --force.
+MAX_GRID_POINTS = 1_000_000
 
 
 class Progress:
@@ -48,6 +54,7 @@ class RunOptions:
     progress: Progress = field(default_factory=Progress)
     evaluate_fn: Callable | None = None   # tests only: a fake evaluate for driver mechanics
     precheck_fn: Callable | None = None
+    force: bool = False               # enumerate a grid above MAX_GRID_POINTS
 
 
 @dataclass
@@ -132,6 +139,14 @@ def _calibrated_base(space: SearchSpace, model) -> Any:
     spec = space.base.cluster or space.cluster_spec
     if not Path(spec).is_file():
         raise ConfigError(f"cluster spec not found: {spec}", source=space.source, field="base.cluster")
+    from comet.trace.ground import ground_for     # an LLM step it recognises: grounded op by op
+    try:
+        base, report = ground_for(space.base.trace, model, load_cluster(spec))
+        return base.with_(meta=dict(base.meta, calibration=report))
+    except (TraceError, ConfigError) as exc:
+        if not space.base.build:
+            raise TraceError(f"{space.source}: base.trace: {exc}; give base.build (the configuration it ran) "
+                             "to calibrate per kernel class instead") from None
     par = _reference_parallel(space, model)
     try:
         trace = load_trace(space.base.trace)
@@ -180,8 +195,25 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
     seed = space.seed if opts.seed is None else opts.seed
     trials = opts.trials or space.budget.trials
     out = Path(opts.out) if opts.out else Path("results") / space.study
+    check_grid_size(space, opts.force)
+    check_output_dir(str(out), "--out")             # a folder that cannot be written fails before any work
     ctx, fingerprint = build_context(space, opts)   # bad inputs fail here, before anything is written
     out.mkdir(parents=True, exist_ok=True)
+    with ResultsLock(out):                          # a second search on this folder refuses (comet/search/lock.py)
+        return _run_locked(space, opts, ctx, fingerprint, out, seed, trials, t0)
+
+
+def check_grid_size(space: SearchSpace, force: bool) -> None:
+    """A grid larger than MAX_GRID_POINTS is refused before anything is enumerated, unless forced."""
+    size = grid_size(space)
+    if space.method is Method.GRID and size > MAX_GRID_POINTS and not force:
+        axes = " x ".join(f"{a.short} {len(a.values)}" for a in space.axes if len(a.values) > 1)
+        raise ConfigError(f"the grid has {size:,} points ({axes}), more than {MAX_GRID_POINTS:,}: narrow the "
+                          "axes, use method random or optuna-tpe with a trial budget, or pass --force",
+                          source=space.source, field="method")
+
+
+def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> StudyOutcome:
     factory = CandidateFactory(space, ctx, fingerprint)
     state = _State(res_io.Journal(out / res_io.JOURNAL), fingerprint, opts.progress)
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
@@ -265,15 +297,23 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
 
     proposer = OptunaProposer(space, factory, out / "optuna.db", seed)
     trials = trials or 10**9
-    counted = proposer.evaluated_before
-    opts.progress.start(trials if trials < 10**9 else None, counted)
-    asks = 0
+    opened = proposer.open_round()              # a round a killed run left open is completed first
+    counted = proposer.evaluated_before - (opened[3] if opened else 0)
+    opts.progress.start(trials if trials < 10**9 else None, proposer.evaluated_before)
+    asks = proposer.asked_before
     while counted < trials and asks < 20 * trials + 100:
-        if deadline is not None and time.monotonic() >= deadline:
-            state.budget_stop = True
-            break
-        asked = [proposer.ask() for _ in range(min(space.batch, trials - counted))]
-        asks += len(asked)
+        if opened is not None:
+            index, size, asked, _ = opened
+            opened = None
+            fresh = [proposer.ask(index, size) for _ in range(size - len(asked))]
+            asked = asked + fresh
+        else:
+            if deadline is not None and time.monotonic() >= deadline:
+                state.budget_stop = True
+                break
+            size, index = min(space.batch, trials - counted), proposer.next_round
+            fresh = asked = [proposer.ask(index, size) for _ in range(size)]
+        asks += len(fresh)
         todo: dict[str, Candidate] = {}
         for _, out_ in asked:
             if not isinstance(out_, Candidate):
@@ -291,7 +331,9 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
             for cand, result, attempts in executor.wait():
                 state.record(cand, result, attempts)
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
-            if isinstance(out_, Pruned):
+            if out_ is None:        # told by the killed run before it died
+                counted += not trial.user_attrs.get("pruned")
+            elif isinstance(out_, Pruned):
                 proposer.tell(trial, None, 1.0, out_.reason)
             else:
                 row = state.row(out_.key)
@@ -313,7 +355,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     from comet.search import plots, summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
-    df = res_io.to_frame(records)
+    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster))
     front = res_io.pareto_rows(df, space)
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
@@ -322,7 +364,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     if not interrupted and not df.empty:
         files += plots.write_plots(df, front, space, out)
         if opts.timelines:
-            files += _write_timelines(space, ctx, state, front, out)
+            files += _write_timelines(space, ctx, state, df, front, out)
     wall_s = time.monotonic() - t0
     errors = int((df["status"] == "error").sum()) if not df.empty else 0
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
@@ -333,15 +375,33 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     return outcome
 
 
-def _write_timelines(space, ctx, state: _State, front: pd.DataFrame, out: Path) -> list[Path]:
+def study_columns(space: SearchSpace, ctx: EvalContext) -> dict:
+    """Columns every candidate row carries: what was trained and on which cluster spec."""
+    return {"study": space.study, "model": ctx.model.name, "seq_len": ctx.model.seq_len,
+            "global_batch": space.global_batch, "total_tokens": ctx.job.total_tokens,
+            "cluster": ctx.cluster.name, "gpu": ctx.cluster.gpu.name}
+
+
+def _write_timelines(space, ctx, state: _State, df: pd.DataFrame, front: pd.DataFrame, out: Path) -> list[Path]:
+    """Task-level timelines (gzip Chrome traces) of the best `space.timelines` distinct designs by the
+    first objective, each named by its full design (cluster and layout)."""
+    from comet.replay.timeline import write_chrome_trace
+    from comet.search.analysis import cluster_columns
+    from comet.search.naming import design_name, design_slug
+
     paths = []
-    distinct = front.drop_duplicates(subset=[o.column for o in space.objectives])
-    for rank, key in enumerate(distinct["key"].head(space.timelines), start=1):
-        cand = candidate_from_record(state.done[key])
+    first = space.objectives[0]
+    varying = cluster_columns(df)
+    ranked = front.sort_values(first.column, ascending=first.direction is Direction.MIN)
+    distinct = ranked.drop_duplicates(subset=[o.column for o in space.objectives])
+    for rank, (_, row) in enumerate(distinct.head(space.timelines).iterrows(), start=1):
+        cand = candidate_from_record(state.done[row["key"]])
         result = evaluate_candidate(ctx, cand, timeline=True)
         if result.timeline:
-            name = f"{rank:02d}_{result.label or key}.json"
-            paths.append(res_io.write_timeline(result.timeline, out / "timelines" / name))
+            name = f"{rank:02d}_{design_slug(row, varying)}.json.gz"
+            paths.append(write_chrome_trace(result.timeline, out / "timelines" / name, meta={
+                "design": design_name(row), "model": ctx.model.name, "cluster": ctx.cluster.name,
+                f"rank by {first.column}": rank}))
     return paths
 
 
