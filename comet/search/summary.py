@@ -125,7 +125,9 @@ def _error_band_note(ok: pd.DataFrame) -> list[str]:
     band = error_band(prec if isinstance(prec, str) else None, int(fastest.iloc[0].get("gpus", 0) or 0))
     if band is None:
         return []
-    lines = [f"Expected error of a step-time prediction: {band} (comet validate residuals by regime)."]
+    from comet.workload.memory import FIT_MARGIN
+    lines = [f"Expected error of a step-time prediction: {band} (comet validate residuals by regime). "
+             f"Memory fit test: a design fits when its predicted peak is within {FIT_MARGIN:.0%} of HBM."]
     if len(fastest) == 2:
         gap = (fastest.iloc[1]["step_time_s"] / fastest.iloc[0]["step_time_s"] - 1) * 100
         if gap < band.pct:

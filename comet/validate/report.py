@@ -16,31 +16,33 @@ from comet.validate.frameworks import __doc__ as FRAMEWORK_DOC
 from comet.validate.summary import ErrorStats
 
 LIMITATIONS = (
-    "One hardware parameter set per GPU cannot serve two software stacks on the same H100s: Megatron-Core "
-    "(Transformer Engine, fused kernels, cuDNN attention) and PyTorch FSDP in llm-foundry (eager elementwise "
-    "kernels, FlashAttention-2-class attention). Where the fit leaves an H100 parameter on a bound (marked in "
-    "the tables above), the rows want values outside physics; the remaining bias splits by stack (see the rows). "
-    "The missing piece is a software-stack term (elementwise traffic and fusion per layer, attention kernel "
-    "generation, host overhead per layer), not hardware physics; it is left out rather than absorbed into "
-    "per-row or per-source factors.",
-    "The Megatron-LM H100 table leaves micro-batch, interleaving (vpp), recompute and the gradient-reduce "
-    "precision unstated; comet assumes micro-batch 1, no interleaving, no recompute, fp32 gradient "
-    "reduce-scatter. With 4 micro-batches per step at tp8 (32B), the fp32 data-parallel reduce-scatter over "
-    "48 nodes cannot hide behind the last backward in the model, which is where most of that row's error sits.",
-    "Micro-batch size is not stated by Narayanan Table 1 or the Megatron-LM H100 table; comet assumes 1. "
-    "A larger micro-batch raises GEMM efficiency and shortens the pipeline bubble, so these rows carry that "
-    "uncertainty.",
-    "The two Megatron-LM strong-scaling rows do not state TP/PP per point and are skipped.",
+    "DeepSpeed ZeRO-3 as run in 2021 (Narayanan SC21 Table 2) gathers every module's parameters with a flat "
+    "NCCL collective over the whole data-parallel group; a flat ring is limited by one NIC per GPU. The network "
+    "model (comet/hardware/network.py) runs DP collectives hierarchically (NVLink inside the node, 1/8 of the "
+    "data over InfiniBand), which is ~8x too optimistic for these rows: they are predicted far too fast. The fix "
+    "belongs to the network model (flat vs hierarchical algorithms per collective), not to a factor here.",
+    "MLPerf `time_to_train_min` counts evaluation and the run's own overheads; comet predicts total_tokens / "
+    "(tokens/s) of the training steps only, so these rows read 10-25% fast while the same runs' iteration "
+    "times are closer.",
+    "Cells a source leaves empty take the framework's documented default, which is not always what the run "
+    "used: dgxc Nemotron-4 340B rows without `vpp` are modelled without interleaving (the same recipe with vpp "
+    "12 is within 5%); Megatron-LM examples/llama rows without `zero` get Megatron's default (no distributed "
+    "optimizer) and do not fit; NeMo's Nemotron-4 340B keeps optimizer state in BF16 (`optim.dtype: bf16`), "
+    "for which the schema has no column.",
+    "Rows that state neither tp nor pp (strong-scaling tables, Megatron-LM README GPT-3 177B, NeMo Launcher "
+    "GPT-3 175B) or no vocabulary are skipped: no framework default can stand in for a layout.",
+    "torchtitan / torchao rows ran on the 96 GB, 500 W H100 part and with torch.compile; the power cap and the "
+    "compiled kernels' fusion are not modelled (the 96 GB HBM is), so these rows are predicted fast.",
+    "MaxText `selective` is read as remat_policy save_qkv_proj and torchtitan `selective` as per-op SAC; a run "
+    "with another policy saves a different set of tensors.",
+    "One hardware parameter set per GPU serves every software stack; stack-specific costs (elementwise "
+    "fusion, host overhead per layer, attention kernel generation) are not modelled per stack, so the "
+    "remaining bias splits by framework (see 'Residuals by regime').",
     "Korthikanti's micro-batch-level selective recompute (App. C) is modelled as plain selective recompute "
     "(it skips recompute for some micro-batches; +0.4-0.9 MFU points in the paper).",
-    "The A100 papers ran fp16 mixed precision with unfused attention (softmax over the s x s scores); "
-    "attention-kernel efficiencies of the A100 spec are therefore not constrained by these rows.",
-    "Rows of one run reported as two metrics (Korthikanti iteration time and MFU) are not independent; "
-    "the hold-out split is by row, so a held-out MFU row can share its configuration with a fitted "
-    "iteration-time row.",
-    "Host-side costs (Python / framework launch overhead per layer, data loading, logging, checkpoints) "
-    "are not modelled except through the per-kernel overhead; they matter most for the small "
-    "Megatron-LM H100 models (1.7B, 7.1B).",
+    "Rows of one run reported as two metrics (iteration time and MFU, or step time and time to train) are "
+    "not independent; the hold-out split is by row, so a held-out row can share its configuration with a "
+    "fitted row.",
     "GPU clocks are taken at their nominal peak; power or thermal throttling under sustained load "
     "appears only through the fitted GEMM efficiency.",
 )
