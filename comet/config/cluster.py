@@ -12,15 +12,20 @@ from comet.errors import ConfigError
 
 
 class Topology(str, enum.Enum):
-    SWITCH = "switch"                  # non-blocking crossbar / fat tree
-    RING = "ring"
-    FULLY_CONNECTED = "fully_connected"
+    """How the ports of one dimension are wired (comet/hardware/network.py says what each changes).
+    A multi-tier fat tree / rail-optimised Clos is one `switch` dimension per tier (rack, pod, spine),
+    each with its domain size and oversubscription."""
+    SWITCH = "switch"                  # crossbar / fat-tree tier: full port rate to every peer (1/oversubscription across it)
+    RING = "ring"                      # two neighbour links per port (one torus dimension)
+    FULLY_CONNECTED = "fully_connected"  # a direct link to every other port of the domain
 
 
 class CollectiveAlgorithm(str, enum.Enum):
+    AUTO = "auto"      # NCCL's choice: the fastest of the algorithms below by the model
     RING = "ring"      # bandwidth-optimal ring (NCCL default for large messages)
     TREE = "tree"      # double binary tree: log2(n) latency, ring-like bandwidth
     NVLS = "nvls"      # NVLink SHARP in-switch reduction (all-reduce moves each byte once per direction)
+    SHARP = "sharp"    # in-network reduction on the fabric (InfiniBand SHARP / NCCL CollNet)
 
 
 @dataclass(frozen=True)
@@ -78,13 +83,14 @@ class NetworkDim:
     bandwidth_GBps: float = field(metadata=positive())
     latency_us: float = field(metadata=non_negative())
     topology: Topology = Topology.SWITCH
-    algorithm: CollectiveAlgorithm = CollectiveAlgorithm.RING
+    algorithm: CollectiveAlgorithm = CollectiveAlgorithm.AUTO   # anything else restricts NCCL's choice (NCCL_ALGO)
     oversubscription: float = field(default=1.0, metadata=at_least(1.0))
     # Bus-bandwidth efficiency eff(m) = bus_efficiency * m / (m + half_efficiency_bytes): large
     # messages reach bus_efficiency of the link rate, a message of half_efficiency_bytes half of that.
     bus_efficiency: float = field(default=0.8, metadata=fraction())
     half_efficiency_bytes: float = field(default=4e6, metadata=non_negative())
     nvls_bus_GBps: float | None = None   # measured all-reduce bus bandwidth with NVLS, if the domain has it
+    in_network_reduction: bool = False   # the switches of this tier reduce in the network (SHARP)
 
     @property
     def bandwidth(self) -> float:
