@@ -10,6 +10,7 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
 from comet.errors import CometError, ConfigError
 from comet.graph.ir import StepGraph
+from comet.replay import cache
 from comet.replay.step import StepReplay, replay_step
 from comet.result import CandidateStatus, Result
 from comet.workload.builder import build_step_graph
@@ -41,7 +42,8 @@ def _memory_fields(mem: MemoryEstimate) -> dict:
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, job: JobSpec | None = None, *,
-             timeline: bool = False, base: StepGraph | None = None) -> Result:
+             timeline: bool | str = False, base: StepGraph | None = None) -> Result:
+    """timeline: True for task-level Chrome-trace events in result.timeline, "ops" for every op too."""
     try:
         par = resolve(model, cluster, parallel)
     except ConfigError as exc:
@@ -52,17 +54,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
                       **_memory_fields(mem))
     try:
         graph = _graph_for(model, cluster, par, base)
-        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=timeline)
+        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=bool(timeline))
     except CometError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
     return _result(model, cluster, par, job, mem, rep, timeline)
 
 
 def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
+    # perf: a search evaluates one configuration on many clusters; its graph is built once (graphs are
+    # read-only from here on). A base graph re-timed to the cluster is keyed by the cluster too.
     if base is None:
-        return build_step_graph(model, par)
+        return cache.graphs.get_or((None, model, par, None), lambda: build_step_graph(model, par))
     from comet.transform import transform_to   # the trace-driven path: rescale the base graph
-    return transform_to(base, model, par, cluster=cluster)
+    key = (cache.object_key(base), model, par, cache.cluster_key(cluster))
+    return cache.graphs.get_or(key, lambda: transform_to(base, model, par, cluster=cluster))
 
 
 def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:
@@ -79,5 +84,5 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
         res.extra["time_to_train_s"] = job.total_tokens / res.tokens_per_s
     if timeline:
         from comet.replay.timeline import step_timeline
-        res.timeline = step_timeline(rep)
+        res.timeline = step_timeline(rep, ops=timeline == "ops")
     return res

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from comet.cli.argtypes import non_negative_float, positive_int
 from comet.errors import ConfigError
 from comet.graph.ir import ops
 
@@ -31,15 +32,15 @@ def register(subparsers) -> None:
     _inputs(rep)
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--timeline", metavar="OUT.json", help="write the replayed timeline as a Chrome trace")
-    rep.add_argument("--overlap-slowdown", type=float, default=0.0,
+    rep.add_argument("--overlap-slowdown", type=non_negative_float, default=0.0,
                      help="compute slowdown while communication is in flight (default 0: measured kernels)")
-    rep.add_argument("--top", type=int, default=10, help="critical-path ops to list (default 10)")
+    rep.add_argument("--top", type=positive_int, default=10, help="critical-path ops to list (default 10)")
     rep.set_defaults(func=run_replay)
 
     tr = sub.add_parser("transform", help="rescale a trace (hardware, precision, data-parallel degree) and "
                                           "replay it against the original")
     _inputs(tr)
-    tr.add_argument("--dp", type=int, help="data-parallel degree: re-size and re-time the DP group's collectives")
+    tr.add_argument("--dp", type=positive_int, help="data-parallel degree: re-size and re-time the DP group's collectives")
     tr.add_argument("--dp-group", action="append", default=[], metavar="NAME",
                     help="process group that is the data-parallel group (repeatable; default: groups marked "
                          "DP, else those spanning every rank)")
@@ -48,12 +49,12 @@ def register(subparsers) -> None:
                     help="cluster spec the trace was measured on (required with --dp/--cluster/--precision)")
     tr.add_argument("--precision", help="GEMM precision to move to: bf16, fp16 or fp8")
     tr.add_argument("--from-precision", help="GEMM precision of the trace (default: recorded in the graph, else bf16)")
-    tr.add_argument("--tp", type=int, help="tensor-parallel degree (needs layer annotations: not on flat traces)")
-    tr.add_argument("--pp", type=int, help="pipeline-parallel degree (needs layer annotations: not on flat traces)")
+    tr.add_argument("--tp", type=positive_int, help="tensor-parallel degree (needs layer annotations: not on flat traces)")
+    tr.add_argument("--pp", type=positive_int, help="pipeline-parallel degree (needs layer annotations: not on flat traces)")
     tr.add_argument("-o", "--output", help="write the transformed graph as comet graph JSON (for `trace replay`)")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--timeline", metavar="OUT.json", help="write the transformed replay as a Chrome trace")
-    tr.add_argument("--overlap-slowdown", type=float, default=0.0,
+    tr.add_argument("--overlap-slowdown", type=non_negative_float, default=0.0,
                     help="compute slowdown while communication is in flight (default 0, as `trace replay`)")
     tr.set_defaults(func=run_transform)
 

@@ -13,7 +13,14 @@ from comet.errors import ConfigError, UnsupportedError
 
 class Activation(str, enum.Enum):
     GELU = "gelu"
-    SWIGLU = "swiglu"
+    SWIGLU = "swiglu"               # gated: SiLU(x W_gate) * (x W_up) (Shazeer 2020; Llama)
+    GEGLU = "geglu"                 # gated: GeLU(x W_gate) * (x W_up) (Shazeer 2020; Gemma)
+    SQUARED_RELU = "squared_relu"   # ReLU(x)^2, not gated (So et al. 2021 Primer; Nemotron-4 sec. 2)
+
+    @property
+    def gated(self) -> bool:
+        """Gated MLPs have two input projections (gate and up) of width ffn_hidden each."""
+        return self in (Activation.SWIGLU, Activation.GEGLU)
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,11 @@ class ModelSpec:
     ffn_hidden: int | None = None        # None means 4 * hidden
     activation: Activation = Activation.GELU
     tied_embeddings: bool = True         # GPT/Megatron tie input embedding and logits weights
+    # Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (default 128) times tp
+    # (megatron/training/tokenizer: _vocab_size_with_padding) so each TP shard is aligned; HF-style
+    # stacks (torchtitan, llm-foundry) use the vocabulary as given: 1.
+    vocab_pad_to: int = field(default=128, metadata=positive())
+    linear_bias: bool = True             # GPT-2/3 and Megatron GPT have biases; Llama / Nemotron-4 do not
     source: str = ""                     # where the shape comes from
     # Mixture of experts: parsed so a MoE file loads, rejected by validate_supported().
     num_experts: int = 1
@@ -57,7 +69,13 @@ class ModelSpec:
 
     @property
     def gated(self) -> bool:
-        return self.activation is Activation.SWIGLU
+        return self.activation.gated
+
+    def padded_vocab(self, tp: int = 1) -> int:
+        """Vocabulary rows of the embedding and logits as the framework allocates them: rounded up to a
+        multiple of vocab_pad_to * tp (Megatron _vocab_size_with_padding)."""
+        multiple = self.vocab_pad_to * tp if self.vocab_pad_to > 1 else 1
+        return -(-self.vocab // multiple) * multiple
 
     @property
     def layer_params(self) -> int:
@@ -65,19 +83,20 @@ class ModelSpec:
         h, f = self.hidden, self.ffn_hidden
         attn = h * (h + 2 * self.kv_hidden) + h * h
         mlp = h * f * (3 if self.gated else 2)
-        biases = (h + 2 * self.kv_hidden) + h + f * (2 if self.gated else 1) + h
+        biases = ((h + 2 * self.kv_hidden) + h + f * (2 if self.gated else 1) + h) if self.linear_bias else 0
         norms = 4 * h
         return attn + mlp + biases + norms
 
     @property
     def embedding_params(self) -> int:
-        """Token embedding (position embeddings, seq_len x hidden, are negligible and not counted)."""
-        return self.vocab * self.hidden
+        """Token embedding as allocated (padded vocabulary at tp 1; position embeddings, seq_len x
+        hidden, are negligible and not counted)."""
+        return self.padded_vocab() * self.hidden
 
     @property
     def params(self) -> int:
         """Total parameters; an untied output layer adds another vocab x hidden matrix."""
-        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        head = 0 if self.tied_embeddings else self.embedding_params
         return self.layers * self.layer_params + self.embedding_params + head + 2 * self.hidden
 
     def validate_supported(self) -> None:

@@ -14,8 +14,8 @@ from comet.workload import layers
 from comet.workload.layers import ACT_BYTES, group_geometry
 from comet.workload.memory import stage_params
 
-MAIN_GRAD_BYTES = 4        # Megatron accumulates and reduces gradients in fp32 for bf16 training
-                           # (arguments.py: bf16 implies accumulate_allreduce_grads_in_fp32)
+MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}   # gradient reduce dtype: Megatron's default is fp32 (arguments.py:
+                           # bf16 implies accumulate_allreduce_grads_in_fp32); NeMo recipes reduce in bf16
 ADAM_STEP_BYTES = 34       # fused Adam per parameter: read grad, master, m, v (16 B), write master, m, v
                            # (12 B), write bf16 weight (2 B), grad-norm pass (4 B)
 OFFLOADED_STATE_BYTES = 24  # master, m, v read and written across the expansion link (12 + 12 B)
@@ -39,14 +39,13 @@ def build_blocks(model: ModelSpec, par: ParallelConfig) -> dict:
 
 
 def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
-    chunks = par.pp * par.vpp
-    per_chunk = model.layers // chunks
+    chunk_layers = par.chunk_layers(model)   # even, or uneven first/last stages (comet.config.stages)
     # Each TP rank sends 1/tp of the boundary activation: sequence-parallel shards, or Megatron's
     # scatter/gather optimization without SP (Narayanan et al. SC21 sec. 4.1).
     tokens = par.micro_batch * (model.seq_len // par.cp) / par.tp
-    recompute = per_chunk if par.recompute is not Recompute.NONE else 0
+    recompute = max(chunk_layers) if par.recompute is not Recompute.NONE else 0
     return PipelinePlan(pp=par.pp, vpp=par.vpp, num_microbatches=par.num_microbatches, schedule=par.schedule.value,
-                        chunk_layers=(per_chunk,) * chunks, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
+                        chunk_layers=chunk_layers, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
                         p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute)
 
 
@@ -65,7 +64,7 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> Stage
         chunk_p = params / par.vpp
         n = max(1, math.ceil(chunk_p / bucket_params(par)))
         for c in range(par.vpp):
-            grad = _dp_op(f"dp.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * MAIN_GRAD_BYTES, par, Phase.BACKWARD)
+            grad = _dp_op(f"dp.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * MAIN_GRAD_BYTES[par.grad_dtype], par, Phase.BACKWARD)
             buckets.append(BucketSet(grad, c, n, progressive=par.overlap_grad_reduce))
             if par.zero >= 1:
                 gather = _dp_op(f"dp.param_all_gather[chunk {c}]", Collective.ALL_GATHER, chunk_p / n * ACT_BYTES,
@@ -75,7 +74,7 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> Stage
     if par.pp > 1 and model.tied_embeddings and stage in (0, par.pp - 1):
         size, stride, _ = group_geometry(GroupKind.EMBEDDING, par)
         emb = Op("embedding.grad_all_reduce", OpKind.COLLECTIVE, stream=DP_STREAM,
-                 collective=Collective.ALL_REDUCE, msg_bytes=model.vocab * model.hidden / par.tp * MAIN_GRAD_BYTES,
+                 collective=Collective.ALL_REDUCE, msg_bytes=model.padded_vocab(par.tp) * model.hidden / par.tp * MAIN_GRAD_BYTES[par.grad_dtype],
                  group="embedding", group_kind=GroupKind.EMBEDDING, group_size=size, group_stride=stride,
                  phase=Phase.BACKWARD, comm_id="embedding.grad_all_reduce")
     opt_params = params / (par.dp * par.cp if par.zero >= 1 else 1)

@@ -21,7 +21,7 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None) 
 
 
 def logits_forward_flops_per_token(model: ModelSpec) -> float:
-    return 2 * model.hidden * model.vocab
+    return 2 * model.hidden * model.padded_vocab()   # Megatron counts args.padded_vocab_size
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:

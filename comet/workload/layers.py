@@ -38,16 +38,18 @@ class Dims:
     gate: int     # 2 for SwiGLU (gate and up projections), 1 for GeLU
     heads: int    # attention heads per rank
     d: int        # head dim
-    V: int
+    V: int        # padded vocabulary (Megatron pads to a multiple of 128 * tp)
     sp: bool
     cp: int
+    act: str      # activation name (kernel label)
 
     @staticmethod
     def of(model: ModelSpec, par: ParallelConfig) -> "Dims":
         T = par.micro_batch * model.seq_len // par.cp
         return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
                     h=model.hidden, kv=model.kv_hidden, f=model.ffn_hidden, gate=2 if model.gated else 1,
-                    heads=model.heads // par.tp, d=model.head_dim, V=model.vocab, sp=par.sp, cp=par.cp)
+                    heads=model.heads // par.tp, d=model.head_dim, V=model.padded_vocab(par.tp), sp=par.sp,
+                    cp=par.cp, act=model.activation.value)
 
 
 class BlockBuilder:
@@ -264,7 +266,7 @@ def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FO
     x = dropout_add(bb, D, "attention.dropout_add", x)
     x = norm(bb, D, "mlp_norm", x)
     x = tp_in(bb, D, "fc1", D.T, D.gate * D.f // D.t, D.h, x)
-    x = [bb.memory("swiglu" if D.gate == 2 else "gelu", D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
+    x = [bb.memory(D.act, D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
     x = tp_out(bb, D, "fc2", D.T, D.h, D.f // D.t, x)
     dropout_add(bb, D, "mlp.dropout_add", x)
     return bb.done()
@@ -276,7 +278,7 @@ def layer_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     _zero3_and_offload(bb, model, D, backward=True)
     x = dropout_add(bb, D, "mlp.dropout_add.bwd", [])
     x = row_backward(bb, D, "fc2", D.f // D.t, x)
-    x = [bb.memory("swiglu.bwd" if D.gate == 2 else "gelu.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
+    x = [bb.memory(f"{D.act}.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
     x = col_backward(bb, D, "fc1", D.gate * D.f // D.t, x)
     x = norm(bb, D, "mlp_norm.bwd", x, backward=True)
     x = dropout_add(bb, D, "attention.dropout_add.bwd", x)

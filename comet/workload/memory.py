@@ -5,6 +5,9 @@ Sources:
   [K] Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023:
       Sec 4.1 (per-layer activations, term by term), Sec 4.2 (tensor and sequence parallelism),
       Sec 4.2.3 / 4.3 (pipeline in-flight micro-batches, embedding and output layer), Table 2.
+  [T] Transformer Engine `_Linear.forward(weight, weight_fp8, weight_t_fp8, ...)` / `fp8_model_init`:
+      FP8 weight and transpose caches, FP8 inputs saved for backward; Megatron-Core TE integration
+      (the output layer and the embedding are not TE modules and stay BF16).
   [Z] Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC20,
       Sec 3.1 (mixed-precision Adam: 16 bytes per parameter) and Sec 5 (stages 1-3).
 
@@ -23,10 +26,11 @@ from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Reco
 GB = 1e9
 ACT_BYTES = 2          # bf16/fp16 activations [K] Sec 4.1
 MASK_BYTES = 1         # dropout masks, one byte per element [K] Sec 4.1
+FP8_ACT_BYTES = 1      # TE saves FP8 GEMM inputs for the weight gradient [T]
 LOGIT_BYTES = 4        # fp32 logits for the cross-entropy [K] Sec 4.3
-WEIGHT_BYTES = 2       # bf16/fp16 weights; FP8 adds a 1-byte copy (Transformer Engine)
-FP8_COPY_BYTES = 1
-GRAD_BYTES = 4         # fp32 main gradients (Megatron accumulates in fp32)
+WEIGHT_BYTES = 2       # bf16/fp16 weights
+FP8_CACHE_BYTES = 2    # TE FP8 weight copy + its transpose cache, per GEMM weight [T]
+GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron default) or bf16 where stated
 ADAM_BYTES = 12        # fp32 master weights + Adam m + v [Z] Sec 3.1
 PREFETCH_LAYERS = 2    # full layers of weights resident for ZeRO-3 gathers / weight offload streaming
 
@@ -56,24 +60,34 @@ def _layer_activation_terms(model: ModelSpec, par: ParallelConfig) -> tuple[floa
     """Bytes saved by one layer for one micro-batch on one rank, before tensor parallelism, split as
     (outside the TP regions, inside them, attention-score terms), term by term as in [K] Sec 4.1.
 
-    GPT (ffn = 4h, MHA) gives outside 10sbh, inside 24sbh, scores 5as^2b: sbh(34 + 5as/h) in total.
+    GPT (ffn = 4h, MHA, dropout) gives outside 10sbh, inside 24sbh, scores 5as^2b: sbh(34 + 5as/h).
+    Today's stacks differ [T]: no dropout masks when dropout is 0; under FP8 Transformer Engine saves
+    the GEMM inputs it needs for the weight gradient as FP8 (1 byte: QKV, projection, fc1, fc2
+    inputs), while flash attention keeps Q, K, V and its output O in BF16 (plus fp32 softmax
+    statistics, 4 bytes per head and token).
     """
     s, b, h = model.seq_len // par.cp, par.micro_batch, model.hidden
     kv, f, a = model.kv_hidden, model.ffn_hidden, model.heads
     sb = s * b
+    gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 else ACT_BYTES
+    masks = 2 * MASK_BYTES * sb * h if par.dropout else 0.0   # after attention projection and after fc2
     outside = (2 * ACT_BYTES * sb * h       # two layernorm inputs
-               + ACT_BYTES * sb * h         # QKV projection input
-               + ACT_BYTES * sb * h         # MLP fc1 input
-               + 2 * MASK_BYTES * sb * h)   # dropout masks after attention projection and after fc2
-    act_in = (2 if model.gated else 1) * ACT_BYTES * sb * f   # GeLU input, or SwiGLU gate and up
+               + gemm_in * sb * h           # QKV projection input
+               + gemm_in * sb * h           # MLP fc1 input
+               + masks)
+    act_in = (2 if model.gated else 1) * ACT_BYTES * sb * f   # GeLU input, or the gate and up halves
     inside = (ACT_BYTES * sb * (h + kv)     # Q and K (K is kv_heads * head_dim wide under GQA)
               + ACT_BYTES * sb * kv         # V
-              + ACT_BYTES * sb * h          # attention output projection input
+              + gemm_in * sb * h            # attention output = projection input
               + act_in
-              + ACT_BYTES * sb * f)         # activation output = fc2 input
+              + gemm_in * sb * f)           # activation output = fc2 input
+    if par.flash_attention:
+        # flash keeps its output O (BF16) for the backward besides the FP8 projection input, and the
+        # log-sum-exp statistics (fp32 per head and query) [Dao 2023, FlashAttention-2 Alg. 1/2].
+        inside += (ACT_BYTES * sb * h if gemm_in != ACT_BYTES else 0.0) + 4 * sb * a
     # softmax output 2as^2b + its dropout mask as^2b + dropout output 2as^2b. Under context parallelism
     # each rank's s/cp queries attend to all seq_len keys.
-    scores = (2 * ACT_BYTES + MASK_BYTES) * a * s * model.seq_len * b
+    scores = (2 * ACT_BYTES + (MASK_BYTES if par.dropout else 0)) * a * s * model.seq_len * b
     return outside, inside, scores
 
 
@@ -121,10 +135,11 @@ def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) ->
     split = t if par.sp else 1
     total = 0.0
     if stage == 0:
-        total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
+        if par.dropout:   # embedding dropout mask
+            total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
     if stage == par.pp - 1:
         held = par.num_microbatches if par.schedule is Schedule.GPIPE else 1
-        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.vocab / t)
+        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.padded_vocab(t) / t)
     return total
 
 
@@ -133,18 +148,24 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
     """Parameters held by one GPU of pipeline stage `stage`: layers/pp layers split by tp; the first
     stage adds the embedding (V*h/t), the last the final norm and the output layer (its own matrix
     when untied; a copy of the embedding when tied and pp > 1)."""
-    n = model.layers // par.pp * model.layer_params / par.tp
+    n = par.stage_layers(model, stage) * model.layer_params / par.tp
+    vocab_rows = model.padded_vocab(par.tp) * model.hidden / par.tp
     if stage == 0:
-        n += model.embedding_params / par.tp
+        n += vocab_rows
     if stage == par.pp - 1:
         n += 2 * model.hidden
         if not model.tied_embeddings or par.pp > 1:
-            n += model.vocab * model.hidden / par.tp
+            n += vocab_rows
     return n
 
 
-def _weight_bytes_per_param(par: ParallelConfig) -> float:
-    return WEIGHT_BYTES + (FP8_COPY_BYTES if par.precision is Precision.FP8 else 0)
+def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: float) -> float:
+    """Resident weight bytes of the stage's parameters: BF16, plus under FP8 the TE FP8 copy and its
+    transpose of each layer GEMM weight; with fp8_params the GEMM weights exist only in FP8 [T]."""
+    if par.precision is not Precision.FP8:
+        return params * WEIGHT_BYTES
+    gemm = par.stage_layers(model, stage) * model.layer_params / par.tp
+    return (params - gemm) * WEIGHT_BYTES + gemm * (FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES))
 
 
 def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[float, float, float, float]:
@@ -153,12 +174,11 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     the gradients, stage 3 also the weights, which then need ~2 gathered layers resident [Z] Sec 5."""
     params = stage_params(model, par, stage)
     shard = par.dp * par.cp
-    wb = _weight_bytes_per_param(par)
-    weights = params * wb / (shard if par.zero >= 3 else 1)
-    grads = params * GRAD_BYTES / (shard if par.zero >= 2 else 1)
+    weights = _weight_bytes(model, par, stage, params) / (shard if par.zero >= 3 else 1)
+    grads = params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1)
     optimizer = params * ADAM_BYTES / (shard if par.zero >= 1 else 1)
-    layers_here = model.layers // par.pp
-    buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * wb
+    layers_here = par.stage_layers(model, stage)
+    buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * WEIGHT_BYTES
     return weights, grads, optimizer, buffer
 
 
@@ -180,7 +200,7 @@ def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
     weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
     in_flight = in_flight_microbatches(par, stage)
     per_layer = activation_bytes_per_layer(model, par)
-    layer_acts = in_flight * (model.layers // par.pp) * per_layer
+    layer_acts = in_flight * par.stage_layers(model, stage) * per_layer
     fixed_acts = _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
@@ -219,9 +239,10 @@ def _expansion_reason(par: ParallelConfig, cluster: ClusterSpec, expansion: floa
 
 def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
     """HBM footprint per GPU of the worst pipeline stage, and whether it fits. `par` is resolved.
-    Only the first and last stages can be the worst: middle stages hold fewer in-flight micro-batches
-    than the first and neither the embedding nor the output layer."""
-    stages = sorted({0, par.pp - 1})
+    With an even split only the first and last stages can be the worst (middle stages hold fewer
+    in-flight micro-batches than the first and neither the embedding nor the output layer); an uneven
+    split moves layers off those two, so the second stage is checked too."""
+    stages = sorted({0, min(1, par.pp - 1), par.pp - 1} if par.uneven else {0, par.pp - 1})
     workspace = cluster.workspace_GB * GB
     per_stage = [_stage_memory(model, par, s) for s in stages]
     worst_index = max(range(len(stages)), key=lambda i: per_stage[i].hbm(workspace))
