@@ -60,18 +60,25 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class MemoryTier:
-    """Memory expansion (host DDR, CXL pool) used for offload; traffic crosses `bandwidth_GBps`."""
+    """Memory expansion (host DDR, CXL device or pool) used for offload. capacity_GB, bandwidth_GBps and
+    latency_us describe one tier; `shared_by` GPUs use it (1: per GPU, the node's GPU count: per node
+    host DDR behind the CPU, more: a pooled CXL switch). Every GPU offloads in the same phase of the
+    step, so each gets 1/shared_by of the capacity and of the bandwidth."""
     name: str
     capacity_GB: float = field(metadata=non_negative())
     bandwidth_GBps: float = field(metadata=positive())
+    shared_by: int = field(default=1, metadata=positive())
+    latency_us: float = field(default=0.0, metadata=non_negative())   # load-to-use; CXL ~0.2-0.4 us (CXL 2.0 devices)
 
     @property
     def capacity_bytes(self) -> float:
-        return self.capacity_GB * 1e9
+        """Per GPU."""
+        return self.capacity_GB * 1e9 / self.shared_by
 
     @property
     def bandwidth(self) -> float:
-        return self.bandwidth_GBps * 1e9
+        """Per GPU, bytes/s, while every GPU sharing the tier streams."""
+        return self.bandwidth_GBps * 1e9 / self.shared_by
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,7 @@ class CostSpec:
     network_usd_per_GBps: tuple[float, ...] = ()                          # per GPU, per network dimension
     hbm_usd_per_GB: float = field(default=0.0, metadata=non_negative())
     expansion_usd_per_GB: float = field(default=0.0, metadata=non_negative())
+    expansion_usd_per_GBps: float = field(default=0.0, metadata=non_negative())  # links / controllers / CXL ports
     electricity_usd_per_kWh: float = field(default=0.0, metadata=non_negative())
     amortization_years: float = field(default=4.0, metadata=positive())
     pue: float = field(default=1.0, metadata=at_least(1.0))
@@ -133,7 +141,10 @@ class CostSpec:
 @dataclass(frozen=True)
 class PowerSpec:
     """Average power draw per component in W (sources in the YAML)."""
-    gpu_W: float | None = None         # None: the GPU's TDP
+    gpu_W: float | None = None         # None: the GPU's TDP; the draw while computing
+    gpu_idle_W: float | None = None    # draw while waiting (bubble); None: run at gpu_W all the time
+    comm_activity: float = field(default=0.35, metadata=fraction())  # share of (gpu_W - idle) drawn while only
+    #   communication / copy kernels run (a few SMs, HBM and links busy, tensor cores idle)
     node_overhead_W: float = field(default=0.0, metadata=non_negative())  # per node: CPUs, fans, DRAM, NICs
     network_W_per_gpu: float = field(default=0.0, metadata=non_negative())  # switches and optics, per GPU
     expansion_W_per_GB: float = field(default=0.0, metadata=non_negative())
