@@ -4,7 +4,7 @@ Inputs are the unit prices and watts of ClusterSpec.cost / ClusterSpec.power (cl
 with their sources there). One formula per function:
 
     nodes          = ceil(gpus / gpus_per_chassis)
-    capex          = gpus * gpu_usd + nodes * node_usd
+    capex          = gpus * (gpu_usd + bf16_TFLOPs * gpu_usd_per_bf16_TFLOPs) + nodes * node_usd
                      + sum_d gpus * bandwidth_d[GB/s] * price_d[USD per GB/s per GPU] / oversubscription_d
                        (the scale-up dimension only where its domain spans more than one chassis)
                      + gpus * hbm_GB * hbm_usd_per_GB + gpus * expansion_GB * expansion_usd_per_GB
@@ -68,7 +68,8 @@ def capex_usd(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = No
     """Purchase price of the cluster: GPUs, chassis, network by dimension, HBM and expansion memory."""
     c = cluster.cost
     nodes = node_count(gpus, gpus_per_chassis or cluster.gpus_per_node)
-    return (gpus * c.gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus, gpus_per_chassis)
+    gpu_usd = c.gpu_usd + cluster.gpu.peak_tflops.get("bf16", 0.0) * c.gpu_usd_per_bf16_TFLOPs
+    return (gpus * gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus, gpus_per_chassis)
             + gpus * cluster.gpu.hbm_GB * c.hbm_usd_per_GB + gpus * expansion_GB(cluster) * c.expansion_usd_per_GB
             + gpus * expansion_GBps(cluster) * c.expansion_usd_per_GBps)
 

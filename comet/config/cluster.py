@@ -4,6 +4,7 @@ cost and power. Units are in the field names and converted to SI by the properti
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -82,6 +83,15 @@ class MemoryTier:
 
 
 @dataclass(frozen=True)
+class FabricTier:
+    """A switch tier below the top of a scale-out dimension: `size` GPUs share one domain of it (a
+    scalable unit / rack of leaves, a pod), and traffic leaving that domain crosses the next tier up at
+    1/oversubscription of the port rate."""
+    size: int = field(metadata=positive())
+    oversubscription: float = field(default=1.0, metadata=at_least(1.0))
+
+
+@dataclass(frozen=True)
 class NetworkDim:
     """One level of the network, innermost first. `size` GPUs share this level's domain (0 = the
     whole cluster); bandwidth is per GPU per direction."""
@@ -98,6 +108,10 @@ class NetworkDim:
     half_efficiency_bytes: float = field(default=4e6, metadata=non_negative())
     nvls_bus_GBps: float | None = None   # measured all-reduce bus bandwidth with NVLS, if the domain has it
     in_network_reduction: bool = False   # the switches of this tier reduce in the network (SHARP)
+    # A multi-tier fat tree / rail-optimised Clos: the tiers below this dimension's top, innermost first
+    # (e.g. a 256-GPU scalable unit of leaves); `size` and `oversubscription` above are the top tier's
+    # (the spine). Bandwidth, latency and efficiencies are the same NICs and switches at every tier.
+    tiers: tuple[FabricTier, ...] = ()
 
     @property
     def bandwidth(self) -> float:
@@ -128,6 +142,8 @@ class Efficiency:
 class CostSpec:
     """Unit prices in USD, with sources in the YAML comments."""
     gpu_usd: float = field(default=0.0, metadata=non_negative())
+    gpu_usd_per_bf16_TFLOPs: float = field(default=0.0, metadata=non_negative())  # added per TFLOP/s of dense
+    #   BF16 peak, so a faster part costs more in a study that scales compute (compute_scale)
     node_usd: float = field(default=0.0, metadata=non_negative())           # chassis, CPUs, DRAM, excluding GPUs
     network_usd_per_GBps: tuple[float, ...] = ()                          # per GPU, per network dimension
     hbm_usd_per_GB: float = field(default=0.0, metadata=non_negative())
@@ -174,8 +190,24 @@ class ClusterSpec:
     def gpus_per_node(self) -> int:
         return self.network[0].size or 1
 
+    @property
+    def levels(self) -> tuple[NetworkDim, ...]:
+        """The network with every fabric tier as its own level (what collectives are placed on)."""
+        return network_levels(self.network)
+
     def with_changes(self, **changes) -> "ClusterSpec":
         return replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=256)
+def network_levels(network: tuple[NetworkDim, ...]) -> tuple[NetworkDim, ...]:
+    out = []
+    for dim in network:
+        for i, tier in enumerate(dim.tiers):
+            out.append(replace(dim, name=f"{dim.name}.tier{i}", size=tier.size,
+                               oversubscription=tier.oversubscription, tiers=(), in_network_reduction=False))
+        out.append(replace(dim, tiers=()) if dim.tiers else dim)
+    return tuple(out)
 
 
 SPECS_DIR = Path(__file__).resolve().parents[2] / "cluster_specs"   # the repository's reviewed specs

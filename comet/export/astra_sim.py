@@ -36,13 +36,13 @@ ASTRA_COLLECTIVE = {Topology.SWITCH: "ring", Topology.RING: "ring", Topology.FUL
 def npus_per_dim(cluster: ClusterSpec, gpus: int) -> list[int]:
     """NPUs along each dimension; the product is `gpus` (ASTRA-sim's npus_count)."""
     counts, below = [], 1
-    for dim in cluster.network:
+    for dim in cluster.levels:
         size = min(dim.size, gpus) if dim.size else gpus
         counts.append(max(1, size // below))
         below *= counts[-1]
         if below >= gpus:
             break
-    counts += [1] * (len(cluster.network) - len(counts))
+    counts += [1] * (len(cluster.levels) - len(counts))
     counts[-1] *= max(1, gpus // max(1, _prod(counts)))
     return counts
 
@@ -55,7 +55,7 @@ def _prod(xs) -> int:
 
 
 def network_config(cluster: ClusterSpec, gpus: int) -> str:
-    dims = list(zip(cluster.network, npus_per_dim(cluster, gpus)))
+    dims = list(zip(cluster.levels, npus_per_dim(cluster, gpus)))
     dims = [(d, n) for d, n in dims if n > 1] or dims[:1]
 
     def row(values):
@@ -72,7 +72,7 @@ def network_config(cluster: ClusterSpec, gpus: int) -> str:
 
 
 def system_config(cluster: ClusterSpec, gpus: int) -> dict:
-    dims = [d for d, n in zip(cluster.network, npus_per_dim(cluster, gpus)) if n > 1] or list(cluster.network[:1])
+    dims = [d for d, n in zip(cluster.levels, npus_per_dim(cluster, gpus)) if n > 1] or list(cluster.levels[:1])
     impl = [ASTRA_COLLECTIVE[d.topology] for d in dims]
     return {"scheduling-policy": "LIFO", "endpoint-delay": 10, "active-chunks-per-dimension": 1,
             "preferred-dataset-splits": 4, "all-reduce-implementation": impl, "all-gather-implementation": impl,

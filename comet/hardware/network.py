@@ -198,7 +198,7 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
                     cluster: ClusterSpec) -> dict[str, float]:
     """Time of every algorithm NCCL could run for this collective on this placement (seconds), each at
     its fastest protocol."""
-    views = _views(size, stride, cluster.network)
+    views = _views(size, stride, cluster.levels)
     if not views:
         return {"none": 0.0}
     if kind is Collective.BARRIER:
@@ -220,9 +220,9 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
         return out or {"ring": ring}
     # all-reduce: the part inside the scale-up domain (if the group has members there) and the part
     # between domains, each with its own algorithms
-    domain = views[0] if views[0].dim is cluster.network[0] else None
+    domain = views[0] if views[0].dim is cluster.levels[0] else None
     between = views[1:] if domain else views
-    d0 = cluster.network[0]
+    d0 = cluster.levels[0]
     in_domain = domain is not None and domain.n > 1
     has_nvls = in_domain and bool(d0.nvls_bus_GBps) and d0.size > 1 and _allowed(d0, A.NVLS)
     nvls_hops = ((2 * d0.latency_s, True),)
@@ -272,11 +272,11 @@ def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
     if msg_bytes <= 0:
         return 0.0
     below = 1
-    for dim in cluster.network:
+    for dim in cluster.levels:
         if dim.size == 0 or distance < dim.size:
             ports = dim.size // below if dim.size else 0
             view = _DimView(dim, 2, 1, max(1, distance // below), ports)
             return _Cost(msg_bytes / view.rate(msg_bytes, "p2p"), ((dim.latency_s, below == 1),)).time()
         below = dim.size
-    dim = cluster.network[-1]
+    dim = cluster.levels[-1]
     return _Cost(msg_bytes / _DimView(dim, 2, 1, 1, 0).rate(msg_bytes, "p2p"), ((dim.latency_s, False),)).time()

@@ -79,11 +79,12 @@ def provisioning_section(df: pd.DataFrame, front: pd.DataFrame, ctx) -> list[str
             "candidate (any parallel configuration) the spread is "
             + ", ".join(f"{_fmt(s['any_ratio'])}x at {s['gpus']} GPUs" for s in multi) + ".")
         reasons = _axis_reasons(df)
-        lines += ["", "Why the spread differs from COMET's: the search re-plans the parallel configuration for "
-                  "every design, which absorbs much of a weaker design's handicap (COMET compares designs "
-                  "largely at fixed strategies); what remains comes from the axes in order of effect: "
-                  + ("; ".join(reasons) if reasons else "no design axis varies") + ". An axis the study "
-                  "does not sweep cannot contribute; a wider range (weaker parts) widens the spread.", ""]
+        lines += ["", "Why the spread differs from COMET's: each design here is compared at the best parallel "
+                  "configuration the search finds for it, which absorbs part of a weaker design's handicap "
+                  "(the spread over every candidate, above, is wider); what remains comes from the axes, in "
+                  "order of effect: " + ("; ".join(reasons) if reasons else "no design axis varies")
+                  + ". The spread is set by how far apart the weakest and strongest design are on these axes: "
+                  "an axis the study does not sweep contributes nothing, and a wider range widens it.", ""]
     gain = analysis.expansion_gain(df)
     if gain:
         lines.append(f"**Memory expansion gain**: up to **{_fmt(gain['max'])}x** (median {_fmt(gain['median'])}x "

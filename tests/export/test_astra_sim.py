@@ -69,8 +69,8 @@ def test_et_parses_with_the_official_protobuf_runtime(tmp_path):
 
 
 def test_npus_and_memory_configs(h100):
-    assert npus_per_dim(h100, 4096) == [8, 512]
-    assert npus_per_dim(h100, 4) == [4, 1]
+    assert npus_per_dim(h100, 4096) == [8, 32, 16]       # node, 256-GPU scalable unit, spine
+    assert npus_per_dim(h100, 4) == [4, 1, 1]
     assert remote_memory_config(h100, 64) == {"memory-type": "NO_MEMORY_EXPANSION"}
     node = h100.with_changes(memory_expansion=MemoryTier("ddr", 2048, 400, shared_by=8, latency_us=0.3))
     cfg = remote_memory_config(node, 64)

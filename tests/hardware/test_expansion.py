@@ -45,3 +45,9 @@ def test_power_follows_utilisation(h100):
     assert cost.gpu_power_W(h100, None) == 700            # no breakdown: TDP
     all_compute = cost.utilisation({"compute": 10.0}, 10.0)
     assert cost.gpu_power_W(h100, all_compute) == pytest.approx(700)
+
+
+def test_a_faster_part_costs_more_when_compute_is_priced(h100):
+    priced = h100.with_changes(cost=dataclasses.replace(h100.cost, gpu_usd=12000, gpu_usd_per_bf16_TFLOPs=16.0))
+    fast = priced.with_changes(gpu=dataclasses.replace(h100.gpu, peak_tflops={k: 2.25 * v for k, v in h100.gpu.peak_tflops.items()}))
+    assert cost.capex_usd(fast, 8) - cost.capex_usd(priced, 8) == pytest.approx(8 * 1.25 * 989.4 * 16.0)

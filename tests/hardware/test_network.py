@@ -143,3 +143,16 @@ def test_p2p_inside_and_across(h100):
     assert p2p_time_s(GB, 1, c) == pytest.approx(SIMPLE_BASE + GB / 100e9)
     assert p2p_time_s(GB, 4, c) == pytest.approx(SIMPLE_BASE + GB / 10e9)
     assert p2p_time_s(GB, 4, tiny(h100, oversub=2.0)) == pytest.approx(SIMPLE_BASE + GB / 5e9)
+
+
+def test_spine_oversubscription_of_a_tiered_fabric_spares_groups_inside_a_scalable_unit(h100):
+    from comet.config.cluster import FabricTier
+    flat = tiny(h100, tiers=(FabricTier(size=16),))                 # 4 nodes of 4 GPUs per leaf domain
+    spine4 = tiny(h100, oversub=4.0, tiers=(FabricTier(size=16),))
+    # DP of 4 with one member per node, all under one leaf: no spine crossing, unchanged
+    assert collective_time_s(Collective.ALL_REDUCE, GB, 4, 4, spine4) == collective_time_s(Collective.ALL_REDUCE, GB, 4, 4, flat)
+    # DP of 8 across two leaf domains: the ring leaves each domain through its 4 members' uplinks at
+    # 1/4 of 10 GB/s each: 10 GB/s per domain, vs 10 GB/s per member at the leaf
+    t = collective_time_s(Collective.ALL_REDUCE, GB, 8, 4, spine4)
+    assert t == pytest.approx(SIMPLE_BASE + 2 * 7 / 8 * GB / (4 * 10e9 / 4))
+    assert collective_time_s(Collective.ALL_REDUCE, GB, 8, 4, flat) == pytest.approx(SIMPLE_BASE + 2 * 7 / 8 * GB / 10e9)
