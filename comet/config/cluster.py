@@ -107,6 +107,8 @@ class NetworkDim:
     bus_efficiency: float = field(default=0.8, metadata=fraction())
     half_efficiency_bytes: float = field(default=4e6, metadata=non_negative())
     nvls_bus_GBps: float | None = None   # measured all-reduce bus bandwidth with NVLS, if the domain has it
+    nvls_half_efficiency_bytes: float = field(default=0.0, metadata=non_negative())  # buffer at which NVLS
+    #   reaches half of nvls_bus_GBps (few NVLS channels, multimem chunk pipelining)
     in_network_reduction: bool = False   # the switches of this tier reduce in the network (SHARP)
     # A multi-tier fat tree / rail-optimised Clos: the tiers below this dimension's top, innermost first
     # (e.g. a 256-GPU scalable unit of leaves); `size` and `oversubscription` above are the top tier's

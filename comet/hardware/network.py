@@ -133,6 +133,13 @@ PROTOCOLS = {  # name: (bandwidth factor, base latency s, hop latency ratio inne
     "ll128": (120 / 128, 14e-6, 1.9 / 3.4, 4.0 / 14),
     "simple": (1.0, 8.4e-6, 1.0, 1.0),
 }
+# The tree's hops (hwLat Tree): NVLink LL 0.6 / LL128 1.25 / Simple 4 us, network LL 5.0 / LL128 8.5 /
+# Simple 14 us, base LL 6.8 us: as fractions of the ring's Simple hop latency of the same dimension.
+TREE_PROTOCOLS = {
+    "ll": (1 / 4, 6.8e-6, 0.6 / 3.4, 5.0 / 14),
+    "ll128": (120 / 128, 14e-6, 1.25 / 3.4, 8.5 / 14),
+    "simple": (1.0, 8.4e-6, 4.0 / 3.4, 1.0),
+}
 NVLS_BASE_LATENCY_S = 25e-6   # NVLS / NVLSTree run Simple only, baseLat 25 us (tuning.cc)
 
 
@@ -142,12 +149,13 @@ class _Cost:
     bandwidth_s: float
     hops: tuple[tuple[float, bool], ...]    # (hop latency s at Simple, is the innermost dimension)
     nvls: bool = False
+    tree: bool = False
 
     def time(self) -> float:
         if self.nvls:   # the NVLS part of the path is in the base latency; only network hops add
             return NVLS_BASE_LATENCY_S + self.bandwidth_s + sum(h for h, inner in self.hops if not inner)
         best = math.inf
-        for factor, base, r_inner, r_net in PROTOCOLS.values():
+        for factor, base, r_inner, r_net in (TREE_PROTOCOLS if self.tree else PROTOCOLS).values():
             lat = sum(h * (r_inner if inner else r_net) for h, inner in self.hops)
             best = min(best, base + lat + self.bandwidth_s / factor)
         return best
@@ -182,12 +190,13 @@ def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tupl
     return per_direction * msg / rate, hops
 
 
-def _nvls_rate(dim: NetworkDim) -> float:
+def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
     """Algorithm bandwidth of NVLS all-reduce: the measured bus bandwidth at a full domain, converted
     with nccl-tests' busbw = algbw * 2(n-1)/n (each GPU moves the buffer once per direction, so the rate
-    does not depend on how many members take part)."""
+    does not depend on how many members take part), reached by large buffers only."""
     n = dim.size
-    return dim.nvls_bus_GBps * 1e9 * n / (2 * (n - 1))
+    ramp = msg_bytes / (msg_bytes + dim.nvls_half_efficiency_bytes)
+    return dim.nvls_bus_GBps * 1e9 * n / (2 * (n - 1)) * ramp
 
 
 def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
@@ -228,7 +237,7 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
     nvls_hops = ((2 * d0.latency_s, True),)
     if not between:
         if has_nvls:
-            out["nvls"] = _Cost(msg_bytes / _nvls_rate(d0), nvls_hops, nvls=True).time()
+            out["nvls"] = _Cost(msg_bytes / _nvls_rate(d0, msg_bytes), nvls_hops, nvls=True).time()
         return out or {"ring": ring}
     chain = ((2 * (domain.n - 1) * d0.latency_s, True),) if in_domain else ()
     intra = msg_bytes / domain.rate(msg_bytes, "ring") if in_domain else 0.0
@@ -237,15 +246,15 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
         net = msg_bytes / min(v.rate(msg_bytes, "tree") for v in between)
         hops = tuple((2 * v.dim.latency_s, False) for v in between)
         if has_nvls:
-            out["sharp"] = _Cost(max(msg_bytes / _nvls_rate(d0), net), nvls_hops + hops, nvls=True).time()
+            out["sharp"] = _Cost(max(msg_bytes / _nvls_rate(d0, msg_bytes), net), nvls_hops + hops, nvls=True).time()
         else:
             out["sharp"] = _Cost(max(intra, net), chain + hops).time()
     if _allowed(top, A.TREE):
         bw, hops = _tree_between_domains(msg_bytes, between, nvls=False)
-        out["tree"] = _Cost(max(intra, bw), chain + tuple(hops)).time()
+        out["tree"] = _Cost(max(intra, bw), chain + tuple(hops), tree=True).time()
     if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
         bw, hops = _tree_between_domains(msg_bytes, between, nvls=True)
-        out["nvls_tree"] = _Cost(max(msg_bytes / _nvls_rate(d0), bw), nvls_hops + tuple(hops), nvls=True).time()
+        out["nvls_tree"] = _Cost(max(msg_bytes / _nvls_rate(d0, msg_bytes), bw), nvls_hops + tuple(hops), nvls=True).time()
     return out or {"ring": ring}
 
 

@@ -102,9 +102,13 @@ def _int(text: str) -> int:
 
 
 def size_bytes(text: str) -> float:
-    """'1073741824', or a power-of-two label as Azure prints it ('65K', '8G')."""
+    """'1073741824', or a label of a power-of-two sweep as Azure prints it ('65K' = 65536, '8G'): a
+    label with a unit is the nearest power of two (MICROBENCH.md: the sweep is -b 8 -f 2)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", text or "")
-    return float(m.group(1)) * UNITS[m.group(2)] if m else math.nan
+    if not m:
+        return math.nan
+    value = float(m.group(1)) * UNITS[m.group(2)]
+    return float(2 ** round(math.log2(value))) if m.group(2) and value > 0 else value
 
 
 def forced_algorithm(row: dict) -> CollectiveAlgorithm | None:
