@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from comet.search import analysis
+from comet.search.provisioning import provisioning_section
 from comet.search.context import PROVISION_KEYS
 from comet.search.space import Direction, SearchSpace
 
@@ -56,6 +57,7 @@ def write_summary(outcome, space: SearchSpace, ctx, out: Path) -> Path:
         lines += ["", "No feasible candidate: see the reasons above."]
     else:
         lines += _best(df, front, space) + _case_study(df, ctx)
+        lines += provisioning_section(df, front, ctx)   # comet/search/provisioning.py (COMET comparison)
     lines += ["", "## Files", "", "candidates.parquet / candidates.csv (every evaluated candidate), pareto.csv, "
               "study.yaml, journal.jsonl, *.png, timelines/*.json (open in https://ui.perfetto.dev)"
               + (", optuna.db (`optuna-dashboard sqlite:///optuna.db`)" if space.method.uses_optuna else "")]
