@@ -15,6 +15,7 @@ from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec
 from comet.config.loader import read_yaml
 from comet.config.model import load_model
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, Precision, Recompute, Schedule
 from comet.errors import CometError, ConfigError
 from comet.evaluate import evaluate, resolve
@@ -38,6 +39,17 @@ def register(sub) -> None:
     p.add_argument("--dp", type=positive_int)
     p.add_argument("--cp", type=positive_int, help="context parallel size (default 1)")
     p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--pp-first-stage-layers", type=positive_int, help="uneven pipeline: layers on the first stage")
+    p.add_argument("--pp-last-stage-layers", type=positive_int, help="uneven pipeline: layers on the last stage")
+    p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
+    p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
+    p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")
+    p.add_argument("--moe-capacity-factor", type=positive_float,
+                   help="expert capacity factor, tokens beyond it dropped, experts padded to it (default dropless)")
+    p.add_argument("--moe-imbalance", type=positive_float,
+                   help="busiest EP rank's routed tokens over the mean (default 1: balanced routing)")
+    p.add_argument("--moe-overlap-a2a", action="store_const", const=True,
+                   help="dispatch/combine overlapped with compute (DeepEP / 1F1B all-to-all overlap)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule])
     p.add_argument("--micro-batch", type=positive_int, help="default 1")
     p.add_argument("--global-batch", type=positive_int, help="sequences per step (required here or in --config)")
@@ -88,7 +100,7 @@ def request_from_args(a) -> dict:
         v = getattr(a, name, None)
         if v is not None:
             req[name] = v
-    for name in ("gpus", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch"):
+    for name in ("gpus", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch", "ep", "etp"):
         v = req.get(name)
         if isinstance(v, int) and v < 1:
             where = f"--{name.replace('_', '-')}" if getattr(a, name, None) is not None else name

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from comet.config.loader import positive
 from comet.config.model import ModelSpec
+from comet.config.moe import Dispatcher, check_expert_parallel
 from comet.config.stages import chunk_layer_counts
 from comet.errors import ConfigError
 
@@ -35,6 +36,12 @@ class OffloadTarget(str, enum.Enum):
     ACTIVATIONS = "activations"   # saved activations offloaded between forward and backward
 
 
+# Gradient-accumulation steps per optimizer step. Published runs use ~10^3 (Llama 3 405B: 16M-token
+# batches of 8,192-token sequences = 2,048 sequences; Dubey et al. 2024, Table 4); 65,536 is 30x that
+# and bounds the replay's memory, which grows linearly with the micro-batch count.
+MAX_MICROBATCHES = 65_536
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     global_batch: int = field(metadata=positive())
@@ -55,6 +62,14 @@ class ParallelConfig:
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
     offload: tuple[OffloadTarget, ...] = ()
+    # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
+    ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]
+    etp: int | None = None                                    # expert tensor parallel; None = tp [--expert-tensor-parallel-size]
+    moe_dispatcher: Dispatcher = Dispatcher.ALLTOALL          # [--moe-token-dispatcher-type]
+    moe_capacity_factor: float | None = None                  # None: dropless [--moe-expert-capacity-factor]
+    moe_imbalance: float = 1.0                                # busiest EP rank's routed tokens / mean (1 = balanced)
+    moe_overlap_a2a: bool = False                             # dispatch/combine hidden by the other micro-batch's
+                                                              # compute [--overlap-moe-expert-parallel-comm, DeepEP]
     grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
@@ -75,6 +90,15 @@ class ParallelConfig:
     def num_microbatches(self) -> int:
         """Micro-batches per pipeline per step (gradient-accumulation steps)."""
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the expert weights: the stage's tp*cp*dp ranks over etp*ep."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
 
     @property
     def world(self) -> int:
@@ -130,6 +154,9 @@ class ParallelConfig:
         per = self.dp * self.micro_batch
         rule(self.global_batch % per == 0, "global_batch",
              f"global_batch ({self.global_batch}) must be divisible by dp*micro_batch = {self.dp}*{self.micro_batch} = {per}")
+        rule(self.num_microbatches <= MAX_MICROBATCHES, "global_batch",
+             f"{self.num_microbatches:,} micro-batches per step (global_batch / (dp*micro_batch)) is more than "
+             f"{MAX_MICROBATCHES:,}: the replay holds every micro-batch in memory; raise micro_batch or dp")
         rule(model.seq_len % (2 * self.cp) == 0 or self.cp == 1, "cp",
              f"seq_len ({model.seq_len}) must be divisible by 2*cp = {2 * self.cp} (load-balanced causal context parallelism)")
         tokens_per_rank = model.seq_len // self.cp
@@ -152,6 +179,7 @@ class ParallelConfig:
             rule(self.num_microbatches % self.pp == 0, "global_batch",
                  f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
         rule(len(set(self.offload)) == len(self.offload), "offload", "lists a target twice")
+        check_expert_parallel(self, model)
 
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -159,6 +187,10 @@ class ParallelConfig:
             parts.append(f"cp{self.cp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
         if self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None:
             parts.append(f"ppf{self.pp_first_stage_layers or 'x'}l{self.pp_last_stage_layers or 'x'}")
         if self.pp_embedding_as_layer or self.pp_loss_as_layer:

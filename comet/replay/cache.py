@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
 _BLOCK_ENTRIES = 4096
-_GRAPH_ENTRIES = 64
+_GRAPH_ENTRIES = 1024              # a StepGraph shares its blocks: a few KB of its own
+_BLOCK_SETS = 128                  # builder blocks of one configuration: ~100 KB
 
 
 class LRU:
@@ -36,6 +40,8 @@ class LRU:
         self.hits = self.misses = 0
 
     def get_or(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        if not enabled:
+            return compute()
         d = self._d
         try:
             value = d[key]
@@ -57,10 +63,16 @@ class LRU:
         return len(self._d)
 
 
+enabled = True                      # False: every value computed afresh (see disabled())
+
 durations = LRU(_BLOCK_ENTRIES)     # (signature, cluster key, precision) -> tuple of op durations
 replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (duration, parts)
 compiled = LRU(256)                 # signature -> CompiledGraph (structure only; no durations)
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
+blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
+facts = LRU(64)                     # (question, object key) -> answer about a read-only input
+
+_memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _cluster_keys: dict[int, tuple[Any, str]] = {}
@@ -105,6 +117,16 @@ def cluster_key(cluster) -> str:
     return key
 
 
+def block_config(par):
+    """The parallel configuration with what only the pipeline plan and stage sync read blanked out:
+    the global batch (micro-batch count), the GPU count, the pipeline shape (pp, vpp, schedule) and,
+    below ZeRO-3, dp (layer blocks hold DP collectives only under ZeRO-3; comet/workload/layers.py).
+    Candidates of a search that differ in these share their blocks. tests/replay/test_cache.py checks on random configurations that equal
+    keys build equal blocks, so a builder that starts to read one of these fields fails it."""
+    return replace(par, global_batch=1, gpus=None, dp=par.dp if par.zero >= 3 else None, pp=1, vpp=1,
+                   schedule=None)
+
+
 def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""
@@ -125,10 +147,38 @@ class _Held:
         return isinstance(other, _Held)
 
 
+def memoized(maxsize: int):
+    """functools.lru_cache for pure functions of hashable structure (schedule shapes), emptied by
+    clear() and bypassed by disabled()."""
+    def wrap(fn):
+        shared = lru_cache(maxsize=maxsize)(fn)
+        _memoized.append(shared)
+
+        @wraps(fn)
+        def call(*args):
+            return shared(*args) if enabled else fn(*args)
+        call.cache_clear = shared.cache_clear
+        return call
+    return wrap
+
+
+@contextmanager
+def disabled():
+    """Evaluate without any sharing: the reference the caches are tested against."""
+    global enabled
+    before, enabled = enabled, False
+    try:
+        yield
+    finally:
+        enabled = before
+
+
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs):
+    for c in (durations, replays, compiled, graphs, blocks, facts):
         c.clear()
+    for fn in _memoized:
+        fn.cache_clear()
     _signatures.clear()
     _cluster_keys.clear()
 
@@ -136,4 +186,4 @@ def clear() -> None:
 def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
-            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs))}
+            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks))}

@@ -4,7 +4,7 @@ The static-order pipeline schedule is a DAG whose longest path is the step: a ta
 max(its stage's previous task, the task it waits for on another stage, its release) + duration.
 `longest_path` visits every task once, in an order that respects both kinds of dependencies: each
 stage advances as far as its cross-stage inputs allow, round-robin over stages (Kahn's algorithm
-specialised to one chain per stage). The arithmetic per task is the event engine's (`max` then `+`),
+specialised to one chain per stage, sweeping down then up). The arithmetic per task is the event engine's (`max` then `+`),
 so with overlap slowdown off the end times are bit-identical to replaying every op.
 """
 
@@ -36,9 +36,11 @@ def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: 
     done[n] = True
     ptr = offset[:-1].copy()
     left = n
+    down = True
     while left > 0:
         progressed = False
-        for s in range(pp):
+        for k in range(pp):
+            s = k if down else pp - 1 - k      # forwards flow down the pipeline, backwards up
             i = ptr[s]
             hi = offset[s + 1]
             prev = end[i - 1] if i > offset[s] else 0.0
@@ -58,6 +60,7 @@ def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: 
                 progressed = True
         if not progressed:
             return end[:n], False
+        down = not down
     return end[:n], True
 
 
@@ -75,3 +78,89 @@ def serial_stream(ready: np.ndarray, dur: np.ndarray, t0: float) -> np.ndarray:
         t = t + dur[i]
         ends[k] = t
     return ends
+
+
+@njit(cache=True, nogil=True)
+def pipeline_tasks(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, f_dur: np.ndarray,
+                   b_dur: np.ndarray, f_release: np.ndarray):
+    """The whole task level in one pass: each stage's task order (schedule.all_stage_tasks, element by
+    element: warm-up forwards, 1F1B pairs, drain), the cross-stage dependencies, and the end times
+    (as longest_path). Returns the StagePrograms arrays (phase, chunk, mb, dur, src, release), the end
+    times, the global index of the last backward of every (stage, chunk), and whether every task was
+    scheduled (False: a dependency cycle)."""
+    per = 2 * m * vpp
+    n = pp * per
+    total = m * vpp
+    last_vs = pp * vpp - 1
+    phase = np.empty(n, dtype=np.int64)
+    chunk = np.empty(n, dtype=np.int64)
+    mb = np.empty(n, dtype=np.int64)
+    src = np.empty(n, dtype=np.int64)
+    dur = np.empty(n)
+    release = np.zeros(n)
+    end = np.empty(n)
+    pos = np.full((pp, 2, vpp, m), -1, dtype=np.int64)     # (stage, phase, chunk, mb) -> global index
+    ptr = np.zeros(pp, dtype=np.int64)
+    prev = np.zeros(pp)
+    left = n
+    down = True
+    while left > 0:
+        progressed = False
+        for k in range(pp):
+            s = k if down else pp - 1 - k
+            j = ptr[s]
+            w = warm[s]
+            while j < per:
+                if j < w:
+                    fwd, index = True, j
+                elif j < 2 * total - w:
+                    q = j - w
+                    if q % 2 == 0:
+                        fwd, index = True, w + q // 2
+                    else:
+                        fwd, index = False, q // 2
+                else:
+                    fwd, index = False, j - total
+                if interleaved:                           # Megatron get_model_chunk_id / microbatch id
+                    group = index // (pp * vpp)
+                    in_group = index % (pp * vpp)
+                    c = in_group // pp if fwd else vpp - 1 - in_group // pp
+                    b = group * pp + in_group % pp
+                else:
+                    c, b = 0, index
+                ph = 0 if fwd else 1
+                vs = c * pp + s
+                sv = vs - 1 if fwd else vs + 1
+                t = 0.0
+                sidx = n
+                if sv >= 0 and sv <= last_vs:
+                    sidx = pos[sv % pp, ph, sv // pp, b]
+                    if sidx < 0:
+                        break                              # its input is not computed yet
+                    t = end[sidx]
+                g = s * per + j
+                if fwd and b == 0:
+                    release[g] = f_release[s, c]
+                    if release[g] > t:
+                        t = release[g]
+                if prev[s] > t:
+                    t = prev[s]
+                d = f_dur[s, c] if fwd else b_dur[s, c]
+                prev[s] = t + d
+                end[g] = prev[s]
+                dur[g] = d
+                src[g] = sidx
+                phase[g] = ph
+                chunk[g] = c
+                mb[g] = b
+                pos[s, ph, c, b] = g
+                j += 1
+            if j != ptr[s]:
+                left -= j - ptr[s]
+                ptr[s] = j
+                progressed = True
+        if not progressed:
+            break
+        down = not down
+    last_b = pos[:, 1, :, m - 1].copy()
+    return phase, chunk, mb, dur, src, release, end, last_b, left == 0

@@ -16,13 +16,13 @@ event engine on the expanded op graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from comet.errors import GraphError
-from comet.replay.kernels import HAVE_NUMBA, longest_path
-from comet.replay.schedule import BWD, FWD, all_stage_tasks
+from comet.replay import cache
+from comet.replay.kernels import HAVE_NUMBA, longest_path, pipeline_tasks
+from comet.replay.schedule import BWD, FWD, all_stage_tasks, warmups
 
 
 @dataclass
@@ -35,13 +35,14 @@ class StagePrograms:
     src: np.ndarray        # global index of the task this one waits for on another stage (n = none)
     release: np.ndarray    # earliest start (e.g. after the parameter all-gather), seconds
     offset: np.ndarray
+    last_b: np.ndarray | None = None    # (stage, chunk) -> index of the chunk's last backward
 
     @property
     def n(self) -> int:
         return len(self.dur)
 
 
-@lru_cache(maxsize=64)
+@cache.memoized(64)
 def _structure(schedule: str, pp: int, vpp: int, m: int):
     """The task arrays that depend only on the schedule's shape: computed once per (schedule, pp, vpp,
     m) and shared by every candidate with that shape (read-only)."""
@@ -68,7 +69,7 @@ def _structure(schedule: str, pp: int, vpp: int, m: int):
     return arrays
 
 
-@lru_cache(maxsize=64)
+@cache.memoized(64)
 def last_backward(schedule: str, pp: int, vpp: int, m: int) -> np.ndarray:
     """(stage, chunk) -> global index of the chunk's last backward task (the last micro-batch's)."""
     phase, chunk, mb, *_ = _structure(schedule, pp, vpp, m)
@@ -91,6 +92,24 @@ def build_programs(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, 
     if f_release is not None and f_release.any():
         release[first_fwd] = f_release[stage[first_fwd], chunk[first_fwd]]
     return StagePrograms(phase, chunk, mb, dur, src, release, offset)
+
+
+def run(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.ndarray,
+        f_release: np.ndarray) -> tuple[StagePrograms, np.ndarray]:
+    """build_programs + solve: the task programs and every task's end time. With numba, one compiled
+    pass builds and solves (kernels.pipeline_tasks; equal to build_programs + solve, tested)."""
+    if not HAVE_NUMBA:
+        prog = build_programs(schedule, pp, vpp, m, f_dur, b_dur, f_release)
+        prog.last_b = last_backward(schedule, pp, vpp, m)
+        return prog, solve_numpy(prog)
+    interleaved = schedule == "interleaved_1f1b" and vpp > 1
+    phase, chunk, mb, dur, src, release, end, last_b, complete = pipeline_tasks(
+        interleaved, pp, vpp, m, warmups(schedule, pp, vpp, m).astype(np.int64), np.ascontiguousarray(f_dur, float),
+        np.ascontiguousarray(b_dur, float), np.ascontiguousarray(f_release, float))
+    if not complete:
+        raise GraphError("pipeline replay did not converge (the schedule has a dependency cycle)")
+    per = 2 * m * vpp
+    return StagePrograms(phase, chunk, mb, dur, src, release, np.arange(pp + 1) * per, last_b), end
 
 
 def solve(prog: StagePrograms, max_sweeps: int | None = None) -> np.ndarray:

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
+from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
-from comet.replay.pipeline import StagePrograms, build_programs, last_backward, solve
+from comet.replay.pipeline import StagePrograms
+from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
 from comet.replay.timing import timed_s
 from comet.result import BREAKDOWN_KEYS
@@ -49,31 +51,41 @@ def _scaled(parts: dict, k: float, into: dict) -> None:
         into[key] = into.get(key, 0.0) + k * v
 
 
+def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
+    """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
+    forward and backward runs: middle stages all run the same few."""
+    kinds: dict = {}
+    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
+    for s in range(plan.pp):
+        for c in range(plan.vpp):
+            for phase in (FWD, BWD):
+                # the task ends with a blocking send (None: the last forward / first backward)
+                key = (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
+                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
+    return list(kinds), ids[FWD], ids[BWD]
+
+
+_task_kinds_shared = cache.memoized(256)(_task_kinds)
+
+
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
-    pp, vpp = plan.pp, plan.vpp
-    f_dur, b_dur = np.zeros((pp, vpp)), np.zeros((pp, vpp))
-    f_parts = [[None] * vpp for _ in range(pp)]
-    b_parts = [[None] * vpp for _ in range(pp)]
-    memo: dict = {}
-    for s in range(pp):
-        for c in range(vpp):
-            for phase, parts_of, dur_of in ((FWD, f_parts, f_dur), (BWD, b_parts, b_dur)):
-                keys = task_blocks(plan, s, c, phase)
-                stride = send_stride(plan, s, c, phase)    # the task ends with a blocking send
-                # perf: tasks running the same blocks and send (e.g. every middle stage) are summed once
-                memo_key = (tuple(keys), stride)
-                if memo_key not in memo:
-                    parts: dict = {}
-                    for key in keys:
-                        _scaled(blocks[key].parts, 1, parts)
-                    if stride is not None:
-                        parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride,
-                                                                                         cluster)
-                    memo[memo_key] = (parts, sum(parts.values()))
-                parts_of[s][c], dur_of[s, c] = memo[memo_key]
-    return f_dur, b_dur, f_parts, b_parts
+    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
+    kinds, f_kind, b_kind = _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
+    parts_of, dur_of = [], []
+    for keys, stride in kinds:
+        parts: dict = {}
+        for key in keys:
+            _scaled(blocks[key].parts, 1, parts)
+        if stride is not None:
+            parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
+        parts_of.append(parts)
+        dur_of.append(sum(parts.values()))
+    dur_of = np.array(dur_of)
+    f_parts = [[parts_of[k] for k in row] for row in f_kind.tolist()]
+    b_parts = [[parts_of[k] for k in row] for row in b_kind.tolist()]
+    return dur_of[f_kind], dur_of[b_kind], f_parts, b_parts
 
 
 def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
@@ -118,8 +130,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                                      for k in range(bs.count)]
             clock += bs.count * d
         gather_end[s] = clock
-    prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    end = solve(prog)
+    prog, end = run_pipeline(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     tails = _tails(graph, prog, end, gather_end, t, blocks, record=keep_block_replays)
     for s in range(pp):
         tails[s].dp_events[:0] = gather_events[s]
@@ -138,7 +149,9 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
     head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
-    per_layer = blocks["layer.bwd"].duration_s + (blocks["layer.recompute"].duration_s if plan.recompute_layers else 0.0)
+    kinds = plan.layer_kinds(vs)   # mean backward (+ recompute) per layer over the chunk's layer kinds
+    per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
+                                                       else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)
@@ -154,7 +167,7 @@ def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t
     `record` (for the timeline)."""
     plan = graph.plan
     pp = plan.pp
-    last_b = last_backward(plan.schedule, pp, plan.vpp, plan.num_microbatches)     # (stage, chunk) -> task
+    last_b = prog.last_b                                           # (stage, chunk) -> its last backward task
     last_b_start = end[last_b] - prog.dur[last_b]
     gather_end = np.asarray(gather_end, dtype=float)
     # perf: stages whose bucket sets and layer counts are the same (every middle stage shares one

@@ -10,15 +10,18 @@ other rows go on. Rows of a kind comet does not model yet (MoE) are `skipped` wi
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comet.config.document import read_text
 from comet.config.model import Activation, ModelSpec
 from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import CometError, ConfigError
 from comet.validate.frameworks import FrameworkDefaults, defaults_for
+from comet.validate.moe_rows import apply_expert_parallel, apply_moe, is_moe_row
 
 REQUIRED_COLUMNS = ("source", "model", "layers", "hidden", "heads", "seq_len", "vocab", "num_gpus", "tp", "pp",
                     "global_batch", "framework", "metric", "value")
@@ -95,10 +98,8 @@ class Case:
 
 
 def read_csv(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("file not found", source=str(path))
-    with p.open(newline="") as fh:
+    text = read_text(path, "CSV")    # the input gate: size, binary / gzip / NUL, UTF-8 (BOM allowed)
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
@@ -180,10 +181,8 @@ def build_model(c: Cells) -> ModelSpec:
     absent = [k for k, v in need.items() if v is None]
     if absent:
         raise _Skip(f"model shape not given ({', '.join(absent)})")
-    if any(c.text(k) for k in MOE_COLUMNS):
-        # MoE hook: the moe_* columns become ModelSpec fields here (and ep / etp in build_parallel).
-        raise _Skip(f"mixture of experts (moe_experts={c.text('moe_experts')}) is not modelled yet")
-    if c.enum("attention") == "mla":
+    moe = is_moe_row(c.row)   # the moe_* columns are applied below (comet.validate.moe_rows)
+    if c.enum("attention") == "mla" and not moe:
         raise _Skip("multi-head latent attention (attention=mla) is not modelled yet")
     kv = c.integer("kv_heads")
     if kv is None:
@@ -196,9 +195,10 @@ def build_model(c: Cells) -> ModelSpec:
     if tied is None:
         tied = c.default("tied_embeddings", True, "GPT ties input and output embeddings")
     try:
-        return ModelSpec(name=c.text("model") or "row", source=c.text("source"), kv_heads=kv, ffn_hidden=ffn,
-                         activation=Activation(act), tied_embeddings=tied, vocab_pad_to=c.d.vocab_pad_to,
-                         linear_bias=act == "gelu", **need)
+        model = ModelSpec(name=c.text("model") or "row", source=c.text("source"), kv_heads=kv, ffn_hidden=ffn,
+                          activation=Activation(act), tied_embeddings=tied, vocab_pad_to=c.d.vocab_pad_to,
+                          linear_bias=act == "gelu", **need)
+        return apply_moe(c.row, model, c.assumptions) if moe else model
     except ConfigError as exc:
         raise RowError(exc.field or "model", c.text(exc.field or "model"), str(exc)) from None
 
@@ -219,8 +219,6 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
     if gpus is not None and dp is not None and tp * pp * dp * cp != gpus:
         raise RowError("num_gpus", c.text("num_gpus"), f"impossible layout: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} "
                        f"= {tp * pp * dp * cp}")
-    if (c.integer("ep") or 1) > 1 or (c.integer("etp") or 1) > 1:
-        raise _Skip("expert parallelism (ep/etp) is not modelled yet")
     vpp = c.int_or("vpp", 1)
     mb = c.int_or("micro_batch", d.micro_batch)
     recompute = c.enum_or("recompute", d.recompute)
@@ -246,8 +244,13 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
         emb_loss = True    # Megatron-Core account_for_embedding/loss_in_pipeline_split (NeMo Llama 3.1 405B)
         c.assumptions.append(f"layers {model.layers} on pp*vpp={pp * vpp}: embedding and loss counted as one "
                              "layer each (Megatron-Core account_for_*_in_pipeline_split)")
+    elif first is None and last is None and model.layers % (pp * vpp):
+        per = -(-model.layers // pp)    # the first stage (which also holds the embedding) takes the remainder
+        first = model.layers - (pp - 1) * per
+        c.assumptions.append(f"layers {model.layers} on pp={pp}: {per} per stage and {first} on the first "
+                             "(--decoder-first-pipeline-num-layers; split not stated)")
     try:
-        return ParallelConfig(
+        par = ParallelConfig(
             global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, gpus=gpus, vpp=vpp, micro_batch=mb,
             sequence_parallel=c.bool_or("sequence_parallel", d.sequence_parallel),
             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B,
@@ -261,6 +264,7 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)
     except ConfigError as exc:
         raise RowError(exc.field or "layout", c.text(exc.field or ""), str(exc)) from None
+    return apply_expert_parallel(c.row, par, c.assumptions)
 
 
 def _metric_inputs(c: Cells, case: Case) -> None:
@@ -283,6 +287,7 @@ def derive_case(row: dict, index: int) -> Case:
     c = Cells(row, d, case.assumptions)
     try:
         c.enum("framework")
+        c.number("params_b")         # informational, but a typed column: checked where it enters
         case.metric = c.enum("metric")
         if not case.metric:
             raise RowError("metric", "", f"must be one of {', '.join(METRICS)}")

@@ -19,17 +19,17 @@ def test_cli_writes_rows_and_summary(small_csv, tmp_path, capsys):
     for r in rows:
         for key in ("source", "model", "metric", "value", "predicted", "error_pct", "status", "reason"):
             assert key in r
-    assert [r["status"] for r in rows] == ["ok", "ok", "ok", "skipped", "skipped"]
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok", "skipped", "ok"]
     ok = rows[0]
     assert ok["error_pct"] == pytest.approx((ok["predicted"] - ok["value"]) / ok["value"] * 100)
     assert "tp/pp not stated" in rows[3]["reason"] and rows[3]["predicted"] is None
     assert [r["index"] for r in rows] == [0, 1, 2, 3, 4]
     assert all(isinstance(r["assumptions"], list) for r in rows) and rows[0]["memory_gb_per_gpu"] > 0
     summary = doc["summary"]
-    assert summary["counts"] == {"ok": 3, "skipped": 2, "infeasible": 0}
-    assert summary["overall"]["n"] == 3
+    assert summary["counts"] == {"ok": 4, "skipped": 1, "infeasible": 0}
+    assert summary["overall"]["n"] == 4
     errs = [abs(r["error_pct"]) for r in rows if r["status"] == "ok"]
-    assert summary["overall"]["mape_pct"] == pytest.approx(sum(errs) / 3, abs=1e-3)
+    assert summary["overall"]["mape_pct"] == pytest.approx(sum(errs) / 4, abs=1e-3)
     assert summary["overall"]["max_abs_error_pct"] == pytest.approx(max(errs), abs=1e-3)
     assert "Korthikanti et al." in summary["by_source"]
     assert set(summary["by_metric"]) >= {"iteration_time_s", "mfu", "layer_fwd_bwd_time_ms"}

@@ -85,7 +85,9 @@ def test_other_skips(small_csv, tmp_path):
     cases = load_cases(small_csv)
     assert [c.skip_reason for c in cases[:3]] == ["", "", ""]
     assert "tp/pp not stated" in cases[3].skip_reason
-    assert "mixture of experts" in cases[4].skip_reason
+    moe = cases[4]   # MoE rows are modelled: the moe_* columns and ep / etp reach the model and layout
+    assert moe.skip_reason == "" and (moe.model.moe.num_experts, moe.model.moe.experts_per_token) == (8, 2)
+    assert (moe.parallel.ep, moe.parallel.etp) == (8, 1)
     rows = [row(gpu_model=""), row(layers=""), row(value="n/a"), row(metric="time_to_train_min")]
     c = load_cases(write_csv(tmp_path / "y.csv", rows))
     assert "gpu_model not given" in c[0].skip_reason
