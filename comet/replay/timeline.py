@@ -16,7 +16,7 @@ US = 1e6
 def step_timeline(rep: StepReplay, plan=None, max_events: int = 1_000_000) -> list[dict]:
     """Chrome-trace events; op-level slices when the block replays were kept and fit in max_events."""
     plan = plan or rep.plan
-    prog, end = rep.programs, rep.task_end
+    prog, end = rep.tasks()
     pp = len(prog.offset) - 1
     events: list[dict] = []
     for s in range(pp):
