@@ -42,7 +42,8 @@ def _memory_fields(mem: MemoryEstimate) -> dict:
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, job: JobSpec | None = None, *,
-             timeline: bool = False, base: StepGraph | None = None) -> Result:
+             timeline: bool | str = False, base: StepGraph | None = None) -> Result:
+    """timeline: True for task-level Chrome-trace events in result.timeline, "ops" for every op too."""
     try:
         par = resolve(model, cluster, parallel)
     except ConfigError as exc:
@@ -53,7 +54,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
                       **_memory_fields(mem))
     try:
         graph = _graph_for(model, cluster, par, base)
-        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=timeline)
+        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=bool(timeline))
     except CometError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
     return _result(model, cluster, par, job, mem, rep, timeline)
@@ -113,5 +114,5 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
         res.extra["time_to_train_s"] = job.total_tokens / res.tokens_per_s
     if timeline:
         from comet.replay.timeline import step_timeline
-        res.timeline = step_timeline(rep)
+        res.timeline = step_timeline(rep, ops=timeline == "ops")
     return res

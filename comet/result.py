@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -14,7 +15,7 @@ class CandidateStatus(str, enum.Enum):
 
 
 # Breakdown keys; the values of one result add up to step_time_s.
-BREAKDOWN_KEYS = ("compute", "exposed_tp", "exposed_cp", "exposed_dp", "exposed_pp",
+BREAKDOWN_KEYS = ("compute", "exposed_tp", "exposed_cp", "exposed_ep", "exposed_dp", "exposed_pp",
                   "pipeline_bubble", "optimizer", "offload")
 
 
@@ -47,3 +48,19 @@ class Result:
         if not timeline:
             d.pop("timeline")
         return d
+
+    def flat(self) -> dict:
+        """One flat row: status, metrics, `breakdown.<key>`, `memory.<key>`, then the extras
+        (non-scalar extras, e.g. remedies, as text), the shape of a candidates.csv row."""
+        d = self.to_dict()
+        row = {k: v for k, v in d.items() if k not in ("breakdown", "memory", "extra")}
+        row.update({f"breakdown.{k}": d["breakdown"].get(k) for k in BREAKDOWN_KEYS})
+        row.update({f"memory.{k}": v for k, v in d["memory"].items()})
+        for k, v in d["extra"].items():
+            row[k] = v if v is None or isinstance(v, (int, float, str, bool)) else json.dumps(v, default=str)
+        return row
+
+    def to_frame(self):
+        """The flat row as a one-row pandas DataFrame (concatenate several with pandas.concat)."""
+        import pandas as pd
+        return pd.DataFrame([self.flat()])

@@ -12,6 +12,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from comet.cli.argtypes import non_negative_int, positive_int
 from comet.errors import ConfigError
 
 
@@ -22,11 +23,11 @@ def register(subparsers) -> None:
     p.add_argument("--executor", choices=("ray", "serial"), default="ray",
                    help="ray (default: starts a local Ray, or joins --address) or serial (debugging)")
     p.add_argument("--address", help="join an existing Ray cluster (e.g. auto or 10.0.0.1:6379)")
-    p.add_argument("--workers", type=int, help="Ray worker processes (default: CPU count)")
-    p.add_argument("--trials", type=int, help="evaluate at most N candidates (overrides budget.trials)")
-    p.add_argument("--seed", type=int, help="overrides the space's seed")
+    p.add_argument("--workers", type=positive_int, help="Ray worker processes (default: CPU count)")
+    p.add_argument("--trials", type=positive_int, help="evaluate at most N candidates (overrides budget.trials)")
+    p.add_argument("--seed", type=non_negative_int, help="overrides the space's seed")
     p.add_argument("--out", help="results folder (default: results/<study>)")
-    p.add_argument("--chunk", type=int, help="candidates per Ray task (default: sized to the work)")
+    p.add_argument("--chunk", type=positive_int, help="candidates per Ray task (default: sized to the work)")
     p.add_argument("--no-timelines", action="store_true", help="skip the Chrome-trace timelines of the top designs")
     p.set_defaults(func=run)
 

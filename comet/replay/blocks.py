@@ -15,7 +15,8 @@ from comet.replay.engine import Replay, replay, replay_graph
 from comet.replay.timing import timed_s
 
 # Exposed communication is charged to the first active category in this order.
-_COMM_ORDER = (("exposed_tp", GroupKind.TP), ("exposed_cp", GroupKind.CP), ("exposed_dp", GroupKind.DP),
+_COMM_ORDER = (("exposed_tp", GroupKind.TP), ("exposed_tp", GroupKind.ETP), ("exposed_cp", GroupKind.CP),
+               ("exposed_ep", GroupKind.EP), ("exposed_dp", GroupKind.DP), ("exposed_dp", GroupKind.EDP),
                ("exposed_pp", GroupKind.PP), ("exposed_dp", GroupKind.EMBEDDING))
 
 

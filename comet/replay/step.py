@@ -131,6 +131,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     # chunk's first forward waits for the buckets holding its first layer.
     gather_end = [0.0] * pp
+    gather_events: list[list] = [[] for _ in range(pp)]   # (name, start, end) for the timeline
     f_release = np.zeros((pp, vpp))
     for s, st in enumerate(graph.stages):
         if not (st.param_gathers and st.gather_before_forward):
@@ -140,10 +141,16 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             d = t(bs.op)
             first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s], 1))
             f_release[s, bs.chunk] = clock + first_layer * d
+            if keep_block_replays:
+                gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
+                                     for k in range(bs.count)]
             clock += bs.count * d
         gather_end[s] = clock
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     tails = _tails(graph, summary, gather_end, t, blocks, record=keep_block_replays)
+    if keep_block_replays:
+        for s in range(pp):
+            tails[s].dp_events[:0] = gather_events[s]
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
@@ -159,7 +166,9 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
     head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
-    per_layer = blocks["layer.bwd"].duration_s + (blocks["layer.recompute"].duration_s if plan.recompute_layers else 0.0)
+    kinds = plan.layer_kinds(vs)   # mean backward (+ recompute) per layer over the chunk's layer kinds
+    per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
+                                                       else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)

@@ -99,6 +99,21 @@ def apply_provisioning(cluster: ClusterSpec, provision: dict) -> ClusterSpec:
     return replace(cluster, gpu=gpu, network=tuple(network), memory_expansion=expansion)
 
 
+def cluster_axes(cluster: ClusterSpec) -> dict:
+    """Every provisioning axis' value in `cluster` (the inverse of apply_provisioning), so a results row
+    carries its complete cluster whether an axis was swept or not."""
+    exp = cluster.memory_expansion
+    axes = {"hbm_GB": cluster.gpu.hbm_GB, "hbm_bandwidth_GBps": cluster.gpu.hbm_bandwidth_GBps,
+            "expansion_GB": exp.capacity_GB if exp else 0.0,
+            "expansion_bandwidth_GBps": exp.bandwidth_GBps if exp else None,
+            "scaleup_size": cluster.network[0].size, "scaleup_bandwidth_GBps": cluster.network[0].bandwidth_GBps,
+            "compute_scale": 1.0}
+    if len(cluster.network) > 1:
+        axes["scaleout_bandwidth_GBps"] = cluster.network[-1].bandwidth_GBps
+        axes["oversubscription"] = cluster.network[-1].oversubscription
+    return axes
+
+
 def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> ParallelConfig:
     """ParallelConfig from canonical axis values (enum names as strings, offload as 'a+b' / 'none')."""
     kwargs = {"global_batch": global_batch, "gpus": gpus}

@@ -21,10 +21,10 @@ from comet.errors import ConfigError, TraceError
 from comet.result import Result
 from comet.search import results as res_io
 from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates
-from comet.search.context import (Candidate, EvalContext, context_fingerprint, engine_fingerprint,
+from comet.search.context import (Candidate, EvalContext, cluster_axes, context_fingerprint, engine_fingerprint,
                                   evaluate_candidate, parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
-from comet.search.space import PARALLEL_AXES, Method, SearchSpace
+from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace
 
 
 class Progress:
@@ -313,7 +313,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     from comet.search import plots, summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
-    df = res_io.to_frame(records)
+    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster))
     front = res_io.pareto_rows(df, space)
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
@@ -322,7 +322,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     if not interrupted and not df.empty:
         files += plots.write_plots(df, front, space, out)
         if opts.timelines:
-            files += _write_timelines(space, ctx, state, front, out)
+            files += _write_timelines(space, ctx, state, df, front, out)
     wall_s = time.monotonic() - t0
     errors = int((df["status"] == "error").sum()) if not df.empty else 0
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
@@ -333,15 +333,33 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     return outcome
 
 
-def _write_timelines(space, ctx, state: _State, front: pd.DataFrame, out: Path) -> list[Path]:
+def study_columns(space: SearchSpace, ctx: EvalContext) -> dict:
+    """Columns every candidate row carries: what was trained and on which cluster spec."""
+    return {"study": space.study, "model": ctx.model.name, "seq_len": ctx.model.seq_len,
+            "global_batch": space.global_batch, "total_tokens": ctx.job.total_tokens,
+            "cluster": ctx.cluster.name, "gpu": ctx.cluster.gpu.name}
+
+
+def _write_timelines(space, ctx, state: _State, df: pd.DataFrame, front: pd.DataFrame, out: Path) -> list[Path]:
+    """Task-level timelines (gzip Chrome traces) of the best `space.timelines` distinct designs by the
+    first objective, each named by its full design (cluster and layout)."""
+    from comet.replay.timeline import write_chrome_trace
+    from comet.search.analysis import cluster_columns
+    from comet.search.naming import design_name, design_slug
+
     paths = []
-    distinct = front.drop_duplicates(subset=[o.column for o in space.objectives])
-    for rank, key in enumerate(distinct["key"].head(space.timelines), start=1):
-        cand = candidate_from_record(state.done[key])
+    first = space.objectives[0]
+    varying = cluster_columns(df)
+    ranked = front.sort_values(first.column, ascending=first.direction is Direction.MIN)
+    distinct = ranked.drop_duplicates(subset=[o.column for o in space.objectives])
+    for rank, (_, row) in enumerate(distinct.head(space.timelines).iterrows(), start=1):
+        cand = candidate_from_record(state.done[row["key"]])
         result = evaluate_candidate(ctx, cand, timeline=True)
         if result.timeline:
-            name = f"{rank:02d}_{result.label or key}.json"
-            paths.append(res_io.write_timeline(result.timeline, out / "timelines" / name))
+            name = f"{rank:02d}_{design_slug(row, varying)}.json.gz"
+            paths.append(write_chrome_trace(result.timeline, out / "timelines" / name, meta={
+                "design": design_name(row), "model": ctx.model.name, "cluster": ctx.cluster.name,
+                f"rank by {first.column}": rank}))
     return paths
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from comet.result import BREAKDOWN_KEYS, Result
-from comet.search.context import Candidate, parallel_dict
+from comet.search.context import PROVISION_KEYS, Candidate, parallel_dict
 from comet.search.pareto import pareto_mask
 from comet.search.space import Direction, SearchSpace
 
@@ -106,11 +106,25 @@ def _num(v: Any) -> float:
     return float("nan") if v is None else float(v)
 
 
-def to_frame(records: list[dict]) -> pd.DataFrame:
+def to_frame(records: list[dict], study: dict | None = None, cluster: dict | None = None) -> pd.DataFrame:
+    """The candidates table. `study` holds columns every row shares (model, job, cluster spec name) and
+    `cluster` the base cluster's value of every provisioning axis (context.cluster_axes): an axis a row
+    does not set comes from there, so each row names its complete cluster."""
     rows = [flatten(r) for r in sorted(records, key=lambda r: (r["number"], r["key"]))]
+    if cluster:
+        for row in rows:
+            for k, v in cluster.items():
+                if k not in row:
+                    no_tier = k == "expansion_bandwidth_GBps" and not row.get("expansion_GB")
+                    row[k] = None if no_tier else v
+    if study:
+        rows = [{**study, **row} for row in rows]
     df = pd.DataFrame(rows)
     if df.empty:
         return df
+    head = [c for c in (*(study or {}), "key", "number", "label", "status", "reason", "gpus", "attempts",
+                        *PROVISION_KEYS) if c in df.columns]
+    df = df[head + [c for c in df.columns if c not in head]]   # the cluster axes side by side
     df["sequence_parallel"] = df["sequence_parallel"].astype("boolean")
     return df
 
@@ -169,11 +183,4 @@ def write_study_yaml(space: SearchSpace, out: Path, resolved: dict) -> Path:
     doc["resolved"] = resolved
     path = out / "study.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def write_timeline(events: list, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, default=_json_default,
-                               separators=(",", ":")))
     return path

@@ -153,7 +153,8 @@ class SearchSpace:
 
 def _num(kind: type, low: float | None = None, strict: bool = True) -> Callable[[Any, str], Any]:
     def check(v: Any, path: str) -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and int(v) != v):
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or (kind is int and int(v) != v)):
             raise ConfigError(f"must be {'an integer' if kind is int else 'a number'}, got {v!r}", field=path)
         if low is not None and (v <= low if strict else v < low):
             raise ConfigError(f"must be {'>' if strict else '>='} {low:g}, got {v}", field=path)
@@ -372,6 +373,8 @@ def _parse_space(data: Any, source: str) -> SearchSpace:
     provision = _parse_axes("cluster", cluster, PROVISION_AXES, method, extra=("spec", "cost"))
     parallel = _parse_axes("parallel", data.get("parallel"), PARALLEL_AXES, method)
     seed = _num(int, -1)(data.get("seed", 0), "seed")
+    if seed >= 2**32:   # numpy / Optuna samplers take a 32-bit seed
+        raise ConfigError(f"must be < 2**32, got {seed}", field="seed")
     batch = _num(int, 0)(data.get("batch", 16), "batch")
     timelines = _num(int, -1)(data.get("timelines", 3), "timelines")
     budget = from_dict(Budget, data.get("budget") or {}, source=source, path="budget")

@@ -3,6 +3,7 @@ without re-evaluating, a torn journal line, and Optuna ask/tell with constraints
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import optuna
@@ -83,8 +84,13 @@ def test_outputs_written(tiny_raw, tmp_path):
     assert (df.loc[df.status == "infeasible", "reason"] == "activations do not fit memory").all()
     front = pd.read_csv(tmp_path / "pareto.csv")
     assert len(front) == len(out.front) > 0 and (front["status"] == "ok").all()
-    trace = json.loads(next((tmp_path / "timelines").iterdir()).read_text())
-    assert trace["traceEvents"][0]["ph"] == "X"
+    timeline = next((tmp_path / "timelines").iterdir())
+    assert timeline.name.endswith(".json.gz") and "gpu_" in timeline.name   # named by cluster and layout
+    trace = json.loads(gzip.decompress(timeline.read_bytes()))
+    assert trace["traceEvents"][0]["ph"] == "X" and " GPUs" in trace["otherData"]["design"]
+    for col in ("model", "global_batch", "total_tokens", "cluster", "hbm_GB", "scaleup_size", "expansion_GB",
+                "scaleout_bandwidth_GBps", "compute_scale"):   # every row names its complete cluster and job
+        assert df[col].notna().all(), col
 
 
 def test_optuna_tells_infeasible_as_constraints_and_resumes(tiny_raw, tmp_path):
