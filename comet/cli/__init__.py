@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     from comet.cli.crash import environment_error_line
-    from comet.cli.paths import check_args_paths
+    from comet.config.paths import check_args_paths
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -39,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--dp", type=positive_int)
     p.add_argument("--cp", type=positive_int, help="context parallel size (default 1)")
     p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--pp-first-stage-layers", type=positive_int, help="uneven pipeline: layers on the first stage")
+    p.add_argument("--pp-last-stage-layers", type=positive_int, help="uneven pipeline: layers on the last stage")
     p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
     p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
     p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")
@@ -64,6 +66,10 @@ def register(sub) -> None:
     p.add_argument("--offload", action="append", choices=[x.value for x in OffloadTarget],
                    help="offload to the cluster's memory expansion tier (repeatable)")
     p.add_argument("--total-tokens", type=positive_float, help="training tokens, for time-to-train")
+    p.add_argument("--base-trace", metavar="PATH", help="ground the estimate in a profiler trace of an LLM step "
+                   "(Kineto + ET): its measured ops, re-timed to this configuration (docs/traces.md)")
+    p.add_argument("--trace-cluster", metavar="SPEC.yaml", help="cluster spec the --base-trace was measured on "
+                   "(default: --cluster)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object for every outcome (ok, infeasible, bad input)")
     p.add_argument("-o", "--output", metavar="FILE.{json,csv}", help="also write the result to a JSON or CSV file")
@@ -153,7 +159,14 @@ def _run(a) -> int:
         raise ConfigError(f"must be a number > 0, got {total_tokens!r}", source=a.config, field="total_tokens")
     par = resolve(model, cluster, parallel_config(req, source=source))   # a broken rule is bad input: exit 2
     job = JobSpec(total_tokens=total_tokens) if total_tokens else None
-    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False)
+    base = None
+    if a.base_trace:     # per-op grounding in a measured trace (comet/trace/ground.py)
+        from comet.trace.ground import ground_for
+        base, report = ground_for(a.base_trace, model, load_cluster(a.trace_cluster) if a.trace_cluster else cluster)
+        if not a.json:
+            print("; ".join([report.line()] + report.notes))
+    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False,
+                   base=base)
     if not res.feasible:
         res.extra["remedies"] = nearest_feasible(model, cluster, par, job)
     timeline_path = None

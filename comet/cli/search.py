@@ -28,6 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=non_negative_int, help="overrides the space's seed")
     p.add_argument("--out", help="results folder (default: results/<study>)")
     p.add_argument("--chunk", type=positive_int, help="candidates per Ray task (default: sized to the work)")
+    p.add_argument("--force", action="store_true", help="enumerate a grid larger than 1,000,000 points")
     p.add_argument("--no-timelines", action="store_true", help="skip the Chrome-trace timelines of the top designs")
     p.set_defaults(func=run)
 
@@ -94,7 +95,7 @@ class _LineProgress:
 
 def run(args: argparse.Namespace) -> int:
     from comet.search.driver import RunOptions, run_study
-    from comet.search.space import load_space
+    from comet.search.space import grid_size, load_space
 
     for flag in ("workers", "trials", "chunk"):
         value = getattr(args, flag)
@@ -107,9 +108,11 @@ def run(args: argparse.Namespace) -> int:
     progress = _RichProgress(console) if console.is_terminal else _LineProgress(console)
     opts = RunOptions(out=Path(args.out) if args.out else None, executor=args.executor, workers=args.workers,
                       address=args.address, trials=args.trials, seed=args.seed, chunk_size=args.chunk,
-                      timelines=not args.no_timelines, progress=progress)
+                      timelines=not args.no_timelines, progress=progress, force=args.force)
+    size = grid_size(space)
     console.print(f"study [bold]{space.study}[/]: method {space.method.value}, executor {args.executor}"
-                  + (f" ({args.workers} workers)" if args.workers else ""))
+                  + (f" ({args.workers} workers)" if args.workers else "")
+                  + (f"; grid of {size:,} points before pruning" if size != float("inf") else ""))
     outcome = run_study(space, opts)
     _print_outcome(console, outcome, space)
     return 130 if outcome.interrupted else 0

@@ -91,6 +91,8 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(str(exc), source=source) from None
     except RecursionError:
         raise ConfigError(f"nested too deeply (at most {MAX_DEPTH} levels)", source=source) from None
+    except ValueError as exc:     # e.g. an integer literal longer than Python's 4,300-digit limit
+        raise ConfigError(f"unreadable value: {str(exc)[:120]}", source=source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -134,7 +136,9 @@ def check_scalar(value: Any, source: str, path: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"must be a finite number, got {value}", source=source, field=path or None)
     if abs(value) > MAX_MAGNITUDE:
-        raise ConfigError(f"must be at most {MAX_MAGNITUDE:g} in magnitude, got {value:.3g}",
+        shown = f"{value:.3g}" if isinstance(value, float) else (
+            str(value) if abs(value) < 10**24 else f"an integer of ~{int(math.log10(abs(value))) + 1} digits")
+        raise ConfigError(f"must be at most {MAX_MAGNITUDE:g} in magnitude, got {shown}",
                           source=source, field=path or None)
 
 

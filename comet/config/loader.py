@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from comet.config.document import read_yaml
+from comet.config.document import check_scalar, read_yaml
 from comet.errors import ConfigError
 
 T = TypeVar("T")
@@ -100,6 +100,7 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or (isinstance(value, float) and not math.isfinite(value)) or int(value) != value):
             raise ConfigError(f"must be an integer, got {value!r}", source=source, field=path)
+        check_scalar(int(value), source, path)
         return int(value)
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 8.0e6 (no sign in the exponent) as a string
@@ -109,8 +110,7 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"must be a number, got {value!r}", source=source, field=path)
-        if not math.isfinite(float(value)):
-            raise ConfigError(f"must be a finite number, got {value!r}", source=source, field=path)
+        check_scalar(float(value), source, path)     # finite, magnitude bounded
         return float(value)
     if tp is str:
         if not isinstance(value, str):

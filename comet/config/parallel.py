@@ -36,6 +36,12 @@ class OffloadTarget(str, enum.Enum):
     ACTIVATIONS = "activations"   # saved activations offloaded between forward and backward
 
 
+# Gradient-accumulation steps per optimizer step. Published runs use ~10^3 (Llama 3 405B: 16M-token
+# batches of 8,192-token sequences = 2,048 sequences; Dubey et al. 2024, Table 4); 65,536 is 30x that
+# and bounds the replay's memory, which grows linearly with the micro-batch count.
+MAX_MICROBATCHES = 65_536
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     global_batch: int = field(metadata=positive())
@@ -148,6 +154,9 @@ class ParallelConfig:
         per = self.dp * self.micro_batch
         rule(self.global_batch % per == 0, "global_batch",
              f"global_batch ({self.global_batch}) must be divisible by dp*micro_batch = {self.dp}*{self.micro_batch} = {per}")
+        rule(self.num_microbatches <= MAX_MICROBATCHES, "global_batch",
+             f"{self.num_microbatches:,} micro-batches per step (global_batch / (dp*micro_batch)) is more than "
+             f"{MAX_MICROBATCHES:,}: the replay holds every micro-batch in memory; raise micro_batch or dp")
         rule(model.seq_len % (2 * self.cp) == 0 or self.cp == 1, "cp",
              f"seq_len ({model.seq_len}) must be divisible by 2*cp = {2 * self.cp} (load-balanced causal context parallelism)")
         tokens_per_rank = model.seq_len // self.cp

@@ -30,22 +30,35 @@ from comet.evaluate import evaluate
 from comet.trace.ground import ground
 from comet.trace.recognize import recognize
 
-# (A, B, what changes); folder names L<layers>_h<hidden>_mb<micro-batch>_s<seq>_tp<tp>_dp<dp>
+# (A, B, what changes); folder names L<layers>_h<hidden>_mb<micro-batch>_s<seq>_tp<tp>_dp<dp>.
+# A and B use the same number of processes: on a shared 2-core machine the process count decides how
+# much CPU each process gets from the scheduler (it is the cluster, not a configuration choice), so a
+# pair that changes it also changes the hardware under the run. Those pairs are CROSS_PAIRS, reported
+# by --table but not in the MAPE (docs/traces.md gives their errors and why).
+_1 = "L2_h512_mb2_s128_tp1_dp1"
 PAIRS = (
-    ("L2_h512_mb2_s128_tp1_dp1", "L4_h512_mb2_s128_tp1_dp1", "layers 2 -> 4"),
-    ("L4_h512_mb2_s128_tp1_dp1", "L2_h512_mb2_s128_tp1_dp1", "layers 4 -> 2"),
-    ("L2_h512_mb2_s128_tp1_dp1", "L2_h768_mb2_s128_tp1_dp1", "hidden 512 -> 768"),
-    ("L2_h768_mb2_s128_tp1_dp1", "L2_h512_mb2_s128_tp1_dp1", "hidden 768 -> 512"),
-    ("L2_h512_mb2_s128_tp1_dp1", "L2_h512_mb4_s128_tp1_dp1", "micro-batch 2 -> 4"),
-    ("L2_h512_mb4_s128_tp1_dp1", "L2_h512_mb2_s128_tp1_dp1", "micro-batch 4 -> 2"),
-    ("L2_h512_mb2_s128_tp1_dp1", "L2_h512_mb2_s256_tp1_dp1", "seq 128 -> 256"),
-    ("L2_h512_mb2_s128_tp1_dp1", "L2_h512_mb2_s128_tp2_dp1", "tp 1 -> 2"),
-    ("L2_h512_mb2_s128_tp2_dp1", "L2_h512_mb2_s128_tp1_dp1", "tp 2 -> 1"),
-    ("L2_h512_mb2_s128_tp1_dp1", "L2_h512_mb2_s128_tp1_dp2", "dp 1 -> 2"),
-    ("L2_h512_mb2_s128_tp1_dp2", "L2_h512_mb2_s128_tp1_dp1", "dp 2 -> 1"),
+    (_1, "L4_h512_mb2_s128_tp1_dp1", "layers 2 -> 4"),
+    ("L4_h512_mb2_s128_tp1_dp1", _1, "layers 4 -> 2"),
+    (_1, "L2_h768_mb2_s128_tp1_dp1", "hidden 512 -> 768"),
+    ("L2_h768_mb2_s128_tp1_dp1", _1, "hidden 768 -> 512"),
+    (_1, "L2_h512_mb4_s128_tp1_dp1", "micro-batch 2 -> 4"),
+    ("L2_h512_mb4_s128_tp1_dp1", _1, "micro-batch 4 -> 2"),
+    (_1, "L2_h512_mb2_s256_tp1_dp1", "seq 128 -> 256"),
+    ("L2_h512_mb2_s128_tp2_dp1", "L2_h512_mb2_s128_tp1_dp2", "tp 2 -> 1, dp 1 -> 2"),
+    ("L2_h512_mb2_s128_tp1_dp2", "L2_h512_mb2_s128_tp2_dp1", "tp 1 -> 2, dp 2 -> 1"),
+    ("L2_h512_mb4_s128_tp2_dp1", "L2_h512_mb4_s128_tp1_dp2", "tp 2 -> 1, dp 1 -> 2 at micro-batch 4"),
+    ("L4_h512_mb2_s128_tp1_dp2", "L4_h512_mb2_s128_tp2_dp1", "tp 1 -> 2, dp 2 -> 1 at 4 layers"),
     ("L2_h512_mb2_s128_tp2_dp1", "L4_h512_mb2_s128_tp2_dp1", "layers 2 -> 4 at tp 2"),
+    ("L4_h512_mb2_s128_tp2_dp1", "L2_h512_mb2_s128_tp2_dp1", "layers 4 -> 2 at tp 2"),
     ("L2_h512_mb2_s128_tp1_dp2", "L2_h512_mb4_s128_tp1_dp2", "micro-batch 2 -> 4 at dp 2"),
-    ("L4_h512_mb2_s128_tp1_dp1", "L4_h512_mb2_s128_tp2_dp1", "tp 1 -> 2 at 4 layers"),
+    ("L2_h512_mb4_s128_tp1_dp2", "L2_h512_mb2_s128_tp1_dp2", "micro-batch 4 -> 2 at dp 2"),
+    ("L2_h512_mb2_s128_tp2_dp1", "L2_h768_mb2_s128_tp2_dp1", "hidden 512 -> 768 at tp 2"),
+)
+CROSS_PAIRS = (
+    (_1, "L2_h512_mb2_s128_tp2_dp1", "tp 1 -> 2 (1 -> 2 processes)"),
+    ("L2_h512_mb2_s128_tp2_dp1", _1, "tp 2 -> 1 (2 -> 1 processes)"),
+    (_1, "L2_h512_mb2_s128_tp1_dp2", "dp 1 -> 2 (1 -> 2 processes)"),
+    ("L2_h512_mb2_s128_tp1_dp2", _1, "dp 2 -> 1 (2 -> 1 processes)"),
 )
 DEFAULT_DIR = "data/traces/cpu"
 DEFAULT_CLUSTER = "cluster_specs/cpu_gloo.yaml"
@@ -73,15 +86,15 @@ def predict(a: Path, b_measured: dict, cluster) -> float:
     base, _ = ground(rec, cluster, scale=m_a["step_s_median"] / (rec.step_ms * 1e-3))
     model, par = config_of(b_measured)
     res = evaluate(model, cluster, par, base=base)
-    if not res.ok:
+    if not res.feasible:
         raise CometError(f"{b_measured}: {res.reason}")
     return res.step_time_s
 
 
-def run(folder: Path, cluster_path: str, table: bool) -> tuple[float, int]:
+def run(folder: Path, cluster_path: str, table: bool, pairs=PAIRS) -> tuple[float, int]:
     cluster = load_cluster(cluster_path)
     errs = []
-    for a, b, what in PAIRS:
+    for a, b, what in pairs:
         if not (folder / a).is_dir() or not (folder / b).is_dir():
             continue
         mb = measured(folder / b)
@@ -111,6 +124,9 @@ def main(argv=None) -> int:
     except CometError as exc:
         print(f"comet: error: {exc}", file=sys.stderr)
         return 2
+    if args.table:
+        cross, n_cross = run(folder, args.cluster, True, CROSS_PAIRS)
+        print(f"(process-count changes, not in the MAPE: {cross:.2f} % over {n_cross} pairs)")
     print(f"TRACE_AB_MAPE {mape:.2f} over {n} pairs")
     return 0
 

@@ -10,11 +10,13 @@ other rows go on. Rows of a kind comet does not model yet (MoE) are `skipped` wi
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comet.config.document import read_text
 from comet.config.model import Activation, ModelSpec
 from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import CometError, ConfigError
@@ -96,10 +98,8 @@ class Case:
 
 
 def read_csv(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("file not found", source=str(path))
-    with p.open(newline="") as fh:
+    text = read_text(path, "CSV")    # the input gate: size, binary / gzip / NUL, UTF-8 (BOM allowed)
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
@@ -287,6 +287,7 @@ def derive_case(row: dict, index: int) -> Case:
     c = Cells(row, d, case.assumptions)
     try:
         c.enum("framework")
+        c.number("params_b")         # informational, but a typed column: checked where it enters
         case.metric = c.enum("metric")
         if not case.metric:
             raise RowError("metric", "", f"must be one of {', '.join(METRICS)}")

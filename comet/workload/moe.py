@@ -141,7 +141,9 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
                    rows * f_local * ACT_BYTES * (2 * gate + 1), [d2])]
     d1 = _grouped_gemm(bb, "experts.fc1.dgrad", m_e, D.h, gate * f_local, local, x)
     w1 = _grouped_gemm(bb, "experts.fc1.wgrad", gate * f_local, D.h, m_e, local, [d1])
-    x = _exchange(bb, "dispatch.bwd", model, [d1])   # reduce-scatter over etp, all-to-all back
+    # The grouped GEMM's backward (dgrad and wgrad) is one autograd node: the all-to-all back waits for
+    # both, unless the 1F1B all-to-all overlap splits the wgrad off (Megatron-Core delay_wgrad_compute).
+    x = _exchange(bb, "dispatch.bwd", model, [d1] if par.moe_overlap_a2a else [d1, w1])
     x = [bb.memory("moe.permute.bwd", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     rd = bb.gemm("router.dgrad", n, D.h, moe.num_experts, x)
     rw = bb.gemm("router.wgrad", moe.num_experts, D.h, n, [rd])
