@@ -176,7 +176,6 @@ def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
     scheduled. The same order and arithmetic as pipeline_tasks, task by task."""
     per = 2 * m * vpp
     total = m * vpp
-    last_vs = pp * vpp - 1
     end4 = np.full((pp, 2, vpp, m), -1.0)                  # (stage, phase, chunk, mb) -> end time
     ptr = np.zeros(pp, dtype=np.int64)
     prev = np.zeros(pp)
@@ -196,10 +195,10 @@ def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
                     fwd, index = True, j
                 elif j < 2 * total - w:
                     q = j - w
-                    if q % 2 == 0:
-                        fwd, index = True, w + q // 2
+                    if q & 1 == 0:
+                        fwd, index = True, w + (q >> 1)
                     else:
-                        fwd, index = False, q // 2
+                        fwd, index = False, q >> 1
                 else:
                     fwd, index = False, j - total
                 if interleaved:
@@ -210,11 +209,14 @@ def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
                 else:
                     c, b = 0, index
                 ph = 0 if fwd else 1
-                vs = c * pp + s
-                sv = vs - 1 if fwd else vs + 1
+                # the previous virtual stage (forward) or the next one (backward): vs = chunk * pp + stage
+                if fwd:
+                    ss, cc = (s - 1, c) if s > 0 else (pp - 1, c - 1)
+                else:
+                    ss, cc = (s + 1, c) if s < pp - 1 else (0, c + 1)
                 t = 0.0
-                if sv >= 0 and sv <= last_vs:
-                    t = end4[sv % pp, ph, sv // pp, b]
+                if cc >= 0 and cc < vpp:
+                    t = end4[ss, ph, cc, b]
                     if t < 0.0:
                         break                              # its input is not computed yet
                 src_end = t

@@ -186,24 +186,26 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     gather_end = np.asarray(gather_end, dtype=float)
-    # perf: stages whose bucket sets and layer counts are the same (every middle stage shares one
-    # StageSync) run their DP streams as rows of one array computation
+    # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
+    # their DP streams, embedding sync and optimizer as rows of one array computation
     groups: dict = {}
-    for s in range(pp):
-        st = graph.stages[s]
-        role = tuple((plan.chunk_layers[bs.chunk * pp + s], bs.chunk * pp + s == 0,
-                      bs.chunk * pp + s == pp * plan.vpp - 1) for bs in st.grad_buckets)
-        groups.setdefault((id(st), role), []).append(s)
+    for s, st in enumerate(graph.stages):
+        role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
+        groups.setdefault(role, []).append(s)
     dp_end = gather_end.copy()
+    adam = np.zeros(pp)
+    link = np.zeros(pp)
     events: list = [[] for _ in range(pp)]
     for stages in groups.values():
         st = graph.stages[stages[0]]
+        rows = np.asarray(stages)
+        adam[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
+        link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
         if not st.grad_buckets:
             continue
         offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
         durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
         chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
-        rows = np.asarray(stages)
         ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
         order = np.argsort(ready, axis=1, kind="stable")
         ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
@@ -213,31 +215,35 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
             for r, s in enumerate(stages):
                 events[s] = [(names[i], e - durs[i], e) for i, e in zip(order[r].tolist(), ends[r].tolist())]
     compute_end = summary.compute_end
-    tails = [StageTail(float(compute_end[s]), 0.0, 0.0, events[s], end=float(dp_end[s])) for s in range(pp)]
+    partner_wait = np.zeros(pp)
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
-    emb = [s for s in range(pp) if graph.stages[s].embedding_sync is not None]
+    emb = [s for s, st in enumerate(graph.stages) if st.embedding_sync is not None]
     if emb:
-        start = max(max(tails[s].compute_end, tails[s].end) for s in emb)
+        ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
+        start = max(ready_at.values())
         for s in emb:
             d = t(graph.stages[s].embedding_sync)
-            tails[s].partner_wait = start - max(tails[s].compute_end, tails[s].end)
-            tails[s].dp_events.append(("embedding.grad_all_reduce", start, start + d))
-            tails[s].end = start + d
-    for s, tl in enumerate(tails):
-        st = graph.stages[s]
-        adam = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
-        link = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
-        tl.adam_s, tl.offload_s = adam, max(0.0, link - adam)
-        tl.optimizer_start = max(tl.compute_end, tl.end)
-        tl.optimizer_end = tl.optimizer_start + adam + tl.offload_s
-        tl.end = tl.optimizer_end
-        if not st.gather_before_forward:
-            for bs in st.param_gathers:
-                d = t(bs.op)
-                tl.dp_events.append((bs.op.name, tl.end, tl.end + bs.count * d))
-                tl.end += bs.count * d
-    return tails
+            partner_wait[s] = start - ready_at[s]
+            events[s].append(("embedding.grad_all_reduce", start, start + d))
+            dp_end[s] = start + d
+    offload = np.maximum(0.0, link - adam)
+    optimizer_start = np.maximum(compute_end, dp_end)
+    optimizer_end = optimizer_start + adam + offload
+    end = optimizer_end.copy()
+    for stages in groups.values():
+        st = graph.stages[stages[0]]
+        if st.gather_before_forward:
+            continue
+        for bs in st.param_gathers:
+            d = t(bs.op)
+            if record:
+                for s in stages:
+                    events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
+            end[stages] += bs.count * d
+    values = zip(compute_end.tolist(), optimizer_start.tolist(), optimizer_end.tolist(), end.tolist(), adam.tolist(),
+                 offload.tolist(), partner_wait.tolist())
+    return [StageTail(ce, os_, oe, events[s], e, a, o, w) for s, (ce, os_, oe, e, a, o, w) in enumerate(values)]
 
 
 def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:
