@@ -30,6 +30,7 @@ from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace
 class Progress:
     """Hooks the CLI implements (with rich); the driver itself prints nothing."""
 
+    def placed(self, where: str) -> None: ...          # where the candidates are evaluated
     def start(self, total: int | None, resumed: int) -> None: ...
     def advance(self, row: dict) -> None: ...
     def finish(self) -> None: ...
@@ -64,6 +65,7 @@ class StudyOutcome:
     budget_stop: bool
     files: list[Path]
     base_note: str = ""          # how the base was grounded (e.g. per-class factors from a profiler trace)
+    where: str = ""              # where it ran: private local Ray, a cluster address, or this process
 
 
 # ----------------------------------------------------------------------------- context
@@ -187,8 +189,11 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
     executor = None
     interrupted = False
+    where = ""
     try:
         executor = make_executor(opts.executor, ctx, opts.workers, opts.address)
+        where = executor.where
+        opts.progress.placed(where)
         if space.method.uses_optuna:
             _run_optuna(space, factory, state, executor, out, seed, trials, deadline, opts)
         else:
@@ -202,7 +207,7 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
         if executor is not None:
             executor.close()
         opts.progress.finish()
-    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts)
+    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts, where)
 
 
 def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
@@ -309,7 +314,7 @@ def candidate_from_record(rec: dict) -> Candidate:
 
 
 def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerprint, interrupted, t0,
-            opts) -> StudyOutcome:
+            opts, where: str = "") -> StudyOutcome:
     from comet.search import plots, summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
@@ -318,7 +323,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
         "cluster_spec": space.cluster_spec, "seed": seed, "trials": trials, "method": space.method.value,
-        "executor": opts.executor, "workers": opts.workers, "fingerprint": fingerprint}))
+        "executor": opts.executor, "workers": opts.workers, "ran_on": where, "fingerprint": fingerprint}))
     if not interrupted and not df.empty:
         files += plots.write_plots(df, front, space, out)
         if opts.timelines:
@@ -328,7 +333,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
                            resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
                            budget_stop=state.budget_stop, files=files,
-                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "")
+                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where)
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 
