@@ -10,9 +10,10 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
 from comet.errors import CometError, ConfigError
 from comet.graph.ir import StepGraph
+from comet.replay import cache
 from comet.replay.step import StepReplay, replay_step
 from comet.result import CandidateStatus, Result
-from comet.workload.builder import build_step_graph
+from comet.workload.builder import build_blocks, build_step_graph
 from comet.workload.flops import hardware_flops_per_step, model_flops_per_step
 from comet.workload.memory import MemoryEstimate, estimate_memory
 
@@ -60,10 +61,43 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
 
 
 def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
-    if base is None:
-        return build_step_graph(model, par)
+    # perf: a search evaluates one configuration on many clusters; its graph is built once (graphs are
+    # read-only from here on). A base graph re-timed to the cluster is keyed by the cluster too.
+    if not cache.enabled:
+        return build_step_graph(model, par) if base is None else _transformed(base, model, par, cluster)
+    if base is None or cache.facts.get_or(("plain build", cache.object_key(base), model),
+                                                       lambda: _plain_build(base, model)):
+        return cache.graphs.get_or((None, model, par, None), lambda: _built(model, par))
+    key = (cache.object_key(base), model, par, cache.cluster_key(cluster))
+    return cache.graphs.get_or(key, lambda: _transformed(base, model, par, cluster))
+
+
+def _transformed(base: StepGraph, model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> StepGraph:
     from comet.transform import transform_to   # the trace-driven path: rescale the base graph
     return transform_to(base, model, par, cluster=cluster)
+
+
+def _plain_build(base: StepGraph, model: ModelSpec) -> bool:
+    """A base the builder made and nothing timed (no durations, no calibration) holds no information a
+    fresh build lacks: transforming it gives the builder's graph of the target (tests/replay/test_cache.py
+    checks the results are equal), so the candidate is built directly and its blocks shared."""
+    meta = base.meta or {}
+    return (meta.get("source") == "built" and meta.get("model") == model and not meta.get("transforms") and "calibration" not in meta
+            and meta.get("cluster") is None
+            and all(op.duration_s is None for g in base.blocks.values() for _, op in g.nodes(data="op"))
+            and all(op.duration_s is None for st in base.stages for op in _stage_ops(st)))
+
+
+def _stage_ops(st):
+    yield from (bs.op for bs in st.grad_buckets + st.param_gathers)
+    yield from st.optimizer
+    if st.embedding_sync is not None:
+        yield st.embedding_sync
+
+
+def _built(model: ModelSpec, par: ParallelConfig) -> StepGraph:
+    blocks = cache.blocks.get_or((model, cache.block_config(par)), lambda: build_blocks(model, par))
+    return build_step_graph(model, par, blocks=blocks)
 
 
 def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:

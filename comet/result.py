@@ -15,7 +15,7 @@ class CandidateStatus(str, enum.Enum):
 
 
 # Breakdown keys; the values of one result add up to step_time_s.
-BREAKDOWN_KEYS = ("compute", "exposed_tp", "exposed_cp", "exposed_dp", "exposed_pp",
+BREAKDOWN_KEYS = ("compute", "exposed_tp", "exposed_cp", "exposed_ep", "exposed_dp", "exposed_pp",
                   "pipeline_bubble", "optimizer", "offload")
 
 

@@ -9,11 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from comet.cli.argtypes import non_negative_int, positive_float, positive_int
 from comet.api import DEFAULT_CLUSTER, PARALLEL_FIELDS, REQUEST_FIELDS, parallel_config
 from comet.config.cluster import load_cluster
 from comet.config.job import JobSpec
 from comet.config.loader import read_yaml
 from comet.config.model import load_model
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, Precision, Recompute, Schedule
 from comet.errors import CometError, ConfigError
 from comet.evaluate import evaluate, resolve
@@ -31,18 +33,29 @@ def register(sub) -> None:
     p.add_argument("--config", metavar="FILE.yaml", help="model, cluster, total_tokens and parallel fields as YAML")
     p.add_argument("--model", help="zoo name (e.g. gpt3_175b) or a model YAML path")
     p.add_argument("--cluster", help=f"cluster spec name or YAML (default {DEFAULT_CLUSTER})")
-    p.add_argument("--gpus", type=int, help="total GPUs (dp is derived when --dp is not given)")
-    p.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
-    p.add_argument("--pp", type=int, help="pipeline stages (default 1)")
-    p.add_argument("--dp", type=int)
-    p.add_argument("--cp", type=int, help="context parallel size (default 1)")
-    p.add_argument("--vpp", type=int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--gpus", type=positive_int, help="total GPUs (dp is derived when --dp is not given)")
+    p.add_argument("--tp", type=positive_int, help="tensor parallel size (default 1)")
+    p.add_argument("--pp", type=positive_int, help="pipeline stages (default 1)")
+    p.add_argument("--dp", type=positive_int)
+    p.add_argument("--cp", type=positive_int, help="context parallel size (default 1)")
+    p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--pp-first-stage-layers", type=positive_int, help="uneven pipeline: layers on the first stage")
+    p.add_argument("--pp-last-stage-layers", type=positive_int, help="uneven pipeline: layers on the last stage")
+    p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
+    p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
+    p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")
+    p.add_argument("--moe-capacity-factor", type=positive_float,
+                   help="expert capacity factor, tokens beyond it dropped, experts padded to it (default dropless)")
+    p.add_argument("--moe-imbalance", type=positive_float,
+                   help="busiest EP rank's routed tokens over the mean (default 1: balanced routing)")
+    p.add_argument("--moe-overlap-a2a", action="store_const", const=True,
+                   help="dispatch/combine overlapped with compute (DeepEP / 1F1B all-to-all overlap)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule])
-    p.add_argument("--micro-batch", type=int, help="default 1")
-    p.add_argument("--global-batch", type=int, help="sequences per step (required here or in --config)")
+    p.add_argument("--micro-batch", type=positive_int, help="default 1")
+    p.add_argument("--global-batch", type=positive_int, help="sequences per step (required here or in --config)")
     p.add_argument("--precision", choices=[x.value for x in Precision], help="default bf16")
     p.add_argument("--recompute", choices=[x.value for x in Recompute], help="default none")
-    p.add_argument("--zero", type=int, help="ZeRO stage 0-3 (default 1 = Megatron distributed optimizer)")
+    p.add_argument("--zero", type=non_negative_int, help="ZeRO stage 0-3 (default 1 = Megatron distributed optimizer)")
     p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on when tp > 1")
     p.add_argument("--overlap-tp-comm", action="store_const", const=True, help="pipeline TP collectives with GEMMs")
@@ -52,7 +65,11 @@ def register(sub) -> None:
                    help="unfused attention kernels")
     p.add_argument("--offload", action="append", choices=[x.value for x in OffloadTarget],
                    help="offload to the cluster's memory expansion tier (repeatable)")
-    p.add_argument("--total-tokens", type=float, help="training tokens, for time-to-train")
+    p.add_argument("--total-tokens", type=positive_float, help="training tokens, for time-to-train")
+    p.add_argument("--base-trace", metavar="PATH", help="ground the estimate in a profiler trace of an LLM step "
+                   "(Kineto + ET): its measured ops, re-timed to this configuration (docs/traces.md)")
+    p.add_argument("--trace-cluster", metavar="SPEC.yaml", help="cluster spec the --base-trace was measured on "
+                   "(default: --cluster)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object for every outcome (ok, infeasible, bad input)")
     p.add_argument("-o", "--output", metavar="FILE.{json,csv}", help="also write the result to a JSON or CSV file")
@@ -83,7 +100,7 @@ def request_from_args(a) -> dict:
         v = getattr(a, name, None)
         if v is not None:
             req[name] = v
-    for name in ("gpus", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch"):
+    for name in ("gpus", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch", "ep", "etp"):
         v = req.get(name)
         if isinstance(v, int) and v < 1:
             where = f"--{name.replace('_', '-')}" if getattr(a, name, None) is not None else name
@@ -142,7 +159,14 @@ def _run(a) -> int:
         raise ConfigError(f"must be a number > 0, got {total_tokens!r}", source=a.config, field="total_tokens")
     par = resolve(model, cluster, parallel_config(req, source=source))   # a broken rule is bad input: exit 2
     job = JobSpec(total_tokens=total_tokens) if total_tokens else None
-    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False)
+    base = None
+    if a.base_trace:     # per-op grounding in a measured trace (comet/trace/ground.py)
+        from comet.trace.ground import ground_for
+        base, report = ground_for(a.base_trace, model, load_cluster(a.trace_cluster) if a.trace_cluster else cluster)
+        if not a.json:
+            print("; ".join([report.line()] + report.notes))
+    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False,
+                   base=base)
     if not res.feasible:
         res.extra["remedies"] = nearest_feasible(model, cluster, par, job)
     timeline_path = None

@@ -12,6 +12,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from comet.cli.argtypes import non_negative_int, positive_int
 from comet.errors import ConfigError
 
 
@@ -22,11 +23,12 @@ def register(subparsers) -> None:
     p.add_argument("--executor", choices=("ray", "serial"), default="ray",
                    help="ray (default: starts a local Ray, or joins --address) or serial (debugging)")
     p.add_argument("--address", help="join an existing Ray cluster (e.g. auto or 10.0.0.1:6379)")
-    p.add_argument("--workers", type=int, help="Ray worker processes (default: CPU count)")
-    p.add_argument("--trials", type=int, help="evaluate at most N candidates (overrides budget.trials)")
-    p.add_argument("--seed", type=int, help="overrides the space's seed")
+    p.add_argument("--workers", type=positive_int, help="Ray worker processes (default: CPU count)")
+    p.add_argument("--trials", type=positive_int, help="evaluate at most N candidates (overrides budget.trials)")
+    p.add_argument("--seed", type=non_negative_int, help="overrides the space's seed")
     p.add_argument("--out", help="results folder (default: results/<study>)")
-    p.add_argument("--chunk", type=int, help="candidates per Ray task (default: sized to the work)")
+    p.add_argument("--chunk", type=positive_int, help="candidates per Ray task (default: sized to the work)")
+    p.add_argument("--force", action="store_true", help="enumerate a grid larger than 1,000,000 points")
     p.add_argument("--no-timelines", action="store_true", help="skip the Chrome-trace timelines of the top designs")
     p.add_argument("--top", type=int, metavar="N",
                    help="print each objective's N best Pareto designs (default: the whole front)")
@@ -101,7 +103,7 @@ class _LineProgress:
 
 def run(args: argparse.Namespace) -> int:
     from comet.search.driver import RunOptions, run_study
-    from comet.search.space import load_space
+    from comet.search.space import grid_size, load_space
 
     for flag in ("workers", "trials", "chunk", "top"):
         value = getattr(args, flag)
@@ -114,9 +116,11 @@ def run(args: argparse.Namespace) -> int:
     progress = _RichProgress(console) if console.is_terminal else _LineProgress(console)
     opts = RunOptions(out=Path(args.out) if args.out else None, executor=args.executor, workers=args.workers,
                       address=args.address, trials=args.trials, seed=args.seed, chunk_size=args.chunk,
-                      timelines=not args.no_timelines, progress=progress)
+                      timelines=not args.no_timelines, progress=progress, force=args.force)
+    size = grid_size(space)
     console.print(f"study [bold]{space.study}[/]: method {space.method.value}, executor {args.executor}"
-                  + (f" ({args.workers} workers)" if args.workers else ""))
+                  + (f" ({args.workers} workers)" if args.workers else "")
+                  + (f"; grid of {size:,} points before pruning" if size != float("inf") else ""))
     outcome = run_study(space, opts)
     _print_outcome(console, outcome, space, args.top)
     return 130 if outcome.interrupted else 0

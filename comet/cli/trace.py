@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from comet.cli.argtypes import non_negative_float, positive_int
 from comet.errors import ConfigError
 from comet.graph.ir import ops
 
@@ -31,10 +32,17 @@ def register(subparsers) -> None:
     _inputs(rep)
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--timeline", metavar="OUT.json", help="write the replayed timeline as a Chrome trace")
-    rep.add_argument("--overlap-slowdown", type=float, default=0.0,
+    rep.add_argument("--overlap-slowdown", type=non_negative_float, default=0.0,
                      help="compute slowdown while communication is in flight (default 0: measured kernels)")
-    rep.add_argument("--top", type=int, default=10, help="critical-path ops to list (default 10)")
+    rep.add_argument("--top", type=positive_int, default=10, help="critical-path ops to list (default 10)")
     rep.set_defaults(func=run_replay)
+
+    ins = sub.add_parser("inspect", help="recognise the LLM training step in a trace: layers, shape, layout, "
+                                         "phases, per-layer and per-role measured times")
+    ins.add_argument("paths", nargs="+", help="Kineto trace files or directories (with their PyTorch ETs)")
+    ins.add_argument("--step", default=None, help="ProfilerStep number (default: the last complete one)")
+    ins.add_argument("--json", action="store_true", help="print one JSON object")
+    ins.set_defaults(func=run_inspect)
 
     tr = sub.add_parser("transform", help="rescale a trace (hardware, precision, data-parallel degree) and "
                                           "replay it against the original")
@@ -53,7 +61,7 @@ def register(subparsers) -> None:
     tr.add_argument("-o", "--output", help="write the transformed graph as comet graph JSON (for `trace replay`)")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--timeline", metavar="OUT.json", help="write the transformed replay as a Chrome trace")
-    tr.add_argument("--overlap-slowdown", type=float, default=0.0,
+    tr.add_argument("--overlap-slowdown", type=non_negative_float, default=0.0,
                     help="compute slowdown while communication is in flight (default 0, as `trace replay`)")
     tr.set_defaults(func=run_transform)
 
@@ -152,6 +160,44 @@ def run_replay(args) -> int:
     console.print(path)
     if args.timeline:
         console.print(f"wrote {args.timeline}")
+    return 0
+
+
+def run_inspect(args) -> int:
+    from comet.trace.recognize import recognize
+    rec = recognize(args.paths if len(args.paths) > 1 else args.paths[0], step=_step(args.step))
+    d = rec.as_dict()
+    if args.json:
+        print(json.dumps(d))
+        return 0
+    con = Console()
+    t = Table(title=f"trace inspect: {rec.source}")
+    t.add_column("field")
+    t.add_column("value")
+    t.add_column("how")
+    for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "activation", "seq_len", "micro_batch",
+              "vocab", "tp", "dp", "dtype"):
+        t.add_row(k, str(d[k]) if d[k] is not None else "-", d["how"].get(k, d["layers_from"] if k == "layers" else ""))
+    t.add_row("ranks", f"{len(rec.ranks)} ({', '.join(map(str, rec.ranks))})", f"world {rec.world_size}")
+    t.add_row("phases", ", ".join(rec.phases), "")
+    t.add_row("streams", "; ".join(f"{k}: {v}" for k, v in rec.streams.items()), "")
+    t.add_row("step", f"{rec.step_ms:.3f} ms", "rank 0, the imported iteration")
+    if rec.per_layer_ms:
+        pl = rec.per_layer_ms
+        t.add_row("per layer", f"{min(pl):.3f} .. {max(pl):.3f} ms (median {sorted(pl)[len(pl) // 2]:.3f})",
+                  "forward of each layer, rank 0 (GPU: compute kernels)")
+    con.print(t)
+    if rec.role_ms:
+        r = Table(title="measured time per op role (ms per occurrence; layer roles per layer)")
+        r.add_column("role")
+        r.add_column("ms", justify="right")
+        for k, v in rec.role_ms.items():
+            r.add_row(k, f"{v:.4f}")
+        for k, v in rec.unattributed_ms.items():
+            r.add_row(f"(unattributed: {k})", f"{v:.3f}")
+        con.print(r)
+    for k, why in rec.unrecognised.items():
+        con.print(f"not recognised: {k}: {why}")
     return 0
 
 

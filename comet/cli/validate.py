@@ -19,7 +19,7 @@ DEFAULT_DOCS = "docs/validation.md"
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate", help="compare predictions with published measurements",
                               description=__doc__)
-    p.add_argument("csv", nargs="?", help="measurements CSV (default: ../shared/calibration/published.csv)")
+    p.add_argument("csv", nargs="?", help="measurements CSV (schema ../shared/calibration/SCHEMA.md; default: ../shared/calibration/measurements.csv)")
     p.add_argument("--json", metavar="OUT", help="write {rows, summary} as JSON")
     p.add_argument("--fit", action="store_true",
                    help="calibrate the efficiency parameters first and write them into cluster_specs/*.yaml")
@@ -52,7 +52,7 @@ def _rows_table(val) -> Table:
         t.add_column(col, justify="right" if col in ("#", "GPUs", "measured", "predicted", "error") else "left")
     for p in val.predictions:
         c = p.case
-        label = c.profile.label if c.profile.match else c.source[:24]
+        label = c.source_label[:28]
         err = _err(p.error_pct) if p.status == "ok" else f"[dim]{p.status}[/dim]"
         model = c.row.get("model", "").split(" (")[0][:20]
         if c.metric == "layer_fwd_bwd_time_ms":

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
+from comet.config.document import check_scalar, read_yaml
 from comet.errors import ConfigError
 
 T = TypeVar("T")
@@ -39,24 +39,6 @@ def fraction() -> dict:
 
 def at_least(low: float) -> dict:
     return {"ge": low}
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing file or a syntax error becomes a ConfigError naming the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("file not found", source=str(path))
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read file ({exc.strerror})", source=str(path)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"malformed YAML{at}: {problem}", source=str(path)) from None
 
 
 def _join(path: str, key: str | int) -> str:
@@ -115,8 +97,10 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
             return value
         raise ConfigError(f"must be true or false, got {value!r}", source=source, field=path)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not math.isfinite(value)) or int(value) != value):
             raise ConfigError(f"must be an integer, got {value!r}", source=source, field=path)
+        check_scalar(int(value), source, path)
         return int(value)
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 8.0e6 (no sign in the exponent) as a string
@@ -126,6 +110,7 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"must be a number, got {value!r}", source=source, field=path)
+        check_scalar(float(value), source, path)     # finite, magnitude bounded
         return float(value)
     if tp is str:
         if not isinstance(value, str):

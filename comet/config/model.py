@@ -8,12 +8,20 @@ from importlib import resources
 from pathlib import Path
 
 from comet.config.loader import load, positive
-from comet.errors import ConfigError, UnsupportedError
+from comet.config.moe import MLASpec, MoESpec
+from comet.errors import ConfigError
 
 
 class Activation(str, enum.Enum):
     GELU = "gelu"
-    SWIGLU = "swiglu"
+    SWIGLU = "swiglu"               # gated: SiLU(x W_gate) * (x W_up) (Shazeer 2020; Llama)
+    GEGLU = "geglu"                 # gated: GeLU(x W_gate) * (x W_up) (Shazeer 2020; Gemma)
+    SQUARED_RELU = "squared_relu"   # ReLU(x)^2, not gated (So et al. 2021 Primer; Nemotron-4 sec. 2)
+
+    @property
+    def gated(self) -> bool:
+        """Gated MLPs have two input projections (gate and up) of width ffn_hidden each."""
+        return self in (Activation.SWIGLU, Activation.GEGLU)
 
 
 @dataclass(frozen=True)
@@ -25,13 +33,18 @@ class ModelSpec:
     vocab: int = field(metadata=positive())
     seq_len: int = field(metadata=positive())
     kv_heads: int | None = None          # grouped-query attention; None means = heads (MHA)
+    head_dim: int | None = None          # None: hidden / heads (Qwen3 and gpt-oss use wider / other heads)
     ffn_hidden: int | None = None        # None means 4 * hidden
     activation: Activation = Activation.GELU
     tied_embeddings: bool = True         # GPT/Megatron tie input embedding and logits weights
+    # Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (default 128) times tp
+    # (megatron/training/tokenizer: _vocab_size_with_padding) so each TP shard is aligned; HF-style
+    # stacks (torchtitan, llm-foundry) use the vocabulary as given: 1.
+    vocab_pad_to: int = field(default=128, metadata=positive())
+    linear_bias: bool = True             # GPT-2/3 and Megatron GPT have biases; Llama / Nemotron-4 do not
     source: str = ""                     # where the shape comes from
-    # Mixture of experts: parsed so a MoE file loads, rejected by validate_supported().
-    num_experts: int = 1
-    experts_per_token: int = 1
+    moe: MoESpec | None = None           # mixture of experts (comet/config/moe.py); None: dense
+    mla: MLASpec | None = None           # multi-head latent attention instead of MHA/GQA
 
     def __post_init__(self):
         kv = self.heads if self.kv_heads is None else self.kv_heads
@@ -39,16 +52,25 @@ class ModelSpec:
         object.__setattr__(self, "activation", Activation(self.activation))
         object.__setattr__(self, "kv_heads", kv)
         object.__setattr__(self, "ffn_hidden", ffn)
-        if self.hidden % self.heads:
+        if self.head_dim is not None:
+            if self.head_dim <= 0:
+                raise ConfigError(f"must be > 0, got {self.head_dim}", field="head_dim")
+        elif self.hidden % self.heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})", field="hidden")
+        else:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if kv <= 0 or self.heads % kv:
             raise ConfigError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv})", field="kv_heads")
         if ffn <= 0:
             raise ConfigError(f"must be > 0, got {ffn}", field="ffn_hidden")
+        if self.moe is not None and self.moe.moe_layer_count(self.layers) == 0:
+            raise ConfigError(f"no layer is a MoE layer (dense_layers {self.moe.dense_layers}, layer_freq "
+                              f"{self.moe.layer_freq}, layers {self.layers})", field="moe.dense_layers")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_hidden(self) -> int:
+        """Width of the Q projection and of the attention output: heads * head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def kv_hidden(self) -> int:
@@ -57,33 +79,75 @@ class ModelSpec:
 
     @property
     def gated(self) -> bool:
-        return self.activation is Activation.SWIGLU
+        return self.activation.gated
+
+    def padded_vocab(self, tp: int = 1) -> int:
+        """Vocabulary rows of the embedding and logits as the framework allocates them: rounded up to a
+        multiple of vocab_pad_to * tp (Megatron _vocab_size_with_padding)."""
+        multiple = self.vocab_pad_to * tp if self.vocab_pad_to > 1 else 1
+        return -(-self.vocab // multiple) * multiple
+
+    @property
+    def attention_kind(self) -> str:
+        return "mla" if self.mla else ("gqa" if self.kv_heads < self.heads else "mha")
+
+    @property
+    def attention_params(self) -> int:
+        """Attention weights of one layer (MLA: DeepSeek-V2 sec. 2.1; else QKV + output projection)."""
+        h = self.hidden
+        if self.mla:
+            m, a = self.mla, self.heads
+            q = h * a * m.q_head_dim if m.q_lora_rank is None else m.q_lora_rank * (h + a * m.q_head_dim + 1)
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * (a * (m.qk_nope_head_dim + m.v_head_dim) + 1)
+            return q + kv + a * m.v_head_dim * h
+        return h * (self.q_hidden + 2 * self.kv_hidden) + self.q_hidden * h
 
     @property
     def layer_params(self) -> int:
-        """Weights + biases of one transformer layer (QKV, output projection, MLP, two norms)."""
+        """Weights + biases of one dense transformer layer (attention, MLP, two norms)."""
         h, f = self.hidden, self.ffn_hidden
-        attn = h * (h + 2 * self.kv_hidden) + h * h
         mlp = h * f * (3 if self.gated else 2)
-        biases = (h + 2 * self.kv_hidden) + h + f * (2 if self.gated else 1) + h
+        biases = (((self.q_hidden + 2 * self.kv_hidden) + h + f * (2 if self.gated else 1) + h)
+                  if self.linear_bias and not self.mla else 0)
         norms = 4 * h
-        return attn + mlp + biases + norms
+        return self.attention_params + mlp + biases + norms
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and self.moe.is_moe_layer(index)
+
+    def params_of_layer(self, index: int, active: bool = False) -> int:
+        """Parameters of layer `index`; `active`: those one token uses (top-k routed experts)."""
+        if not self.is_moe_layer(index):
+            return self.layer_params
+        m, h, mult = self.moe, self.hidden, (3 if self.gated else 2)
+        routed = (m.experts_per_token if active else m.num_experts) * h * m.expert_ffn_hidden * mult
+        return self.attention_params + 4 * h + h * m.num_experts + routed + h * m.shared_ffn_hidden * mult
 
     @property
     def embedding_params(self) -> int:
-        """Token embedding (position embeddings, seq_len x hidden, are negligible and not counted)."""
-        return self.vocab * self.hidden
+        """Token embedding as allocated (padded vocabulary at tp 1; position embeddings, seq_len x
+        hidden, are negligible and not counted)."""
+        return self.padded_vocab() * self.hidden
 
     @property
     def params(self) -> int:
         """Total parameters; an untied output layer adds another vocab x hidden matrix."""
-        head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.layers * self.layer_params + self.embedding_params + head + 2 * self.hidden
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return self.body_params() + self.embedding_params + head + 2 * self.hidden
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: top-k routed experts, not all of them)."""
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return self.body_params(active=True) + self.embedding_params + head + 2 * self.hidden
+
+    def body_params(self, active: bool = False) -> int:
+        if self.moe is None:
+            return self.layers * self.layer_params
+        return sum(self.params_of_layer(i, active) for i in range(self.layers))
 
     def validate_supported(self) -> None:
-        if self.num_experts > 1:
-            raise UnsupportedError(
-                f"model {self.name}: mixture of experts (num_experts={self.num_experts}) is not supported yet")
+        """Every parsed feature is modelled; kept as the hook where a parsed-but-unmodelled one is refused."""
 
 
 def zoo_names() -> list[str]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 
 from comet.config.loader import positive
 from comet.config.model import ModelSpec
+from comet.config.moe import Dispatcher, check_expert_parallel
+from comet.config.stages import chunk_layer_counts
 from comet.errors import ConfigError
 
 
@@ -34,6 +36,12 @@ class OffloadTarget(str, enum.Enum):
     ACTIVATIONS = "activations"   # saved activations offloaded between forward and backward
 
 
+# Gradient-accumulation steps per optimizer step. Published runs use ~10^3 (Llama 3 405B: 16M-token
+# batches of 8,192-token sequences = 2,048 sequences; Dubey et al. 2024, Table 4); 65,536 is 30x that
+# and bounds the replay's memory, which grows linearly with the micro-batch count.
+MAX_MICROBATCHES = 65_536
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     global_batch: int = field(metadata=positive())
@@ -54,6 +62,24 @@ class ParallelConfig:
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
     offload: tuple[OffloadTarget, ...] = ()
+    # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
+    ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]
+    etp: int | None = None                                    # expert tensor parallel; None = tp [--expert-tensor-parallel-size]
+    moe_dispatcher: Dispatcher = Dispatcher.ALLTOALL          # [--moe-token-dispatcher-type]
+    moe_capacity_factor: float | None = None                  # None: dropless [--moe-expert-capacity-factor]
+    moe_imbalance: float = 1.0                                # busiest EP rank's routed tokens / mean (1 = balanced)
+    moe_overlap_a2a: bool = False                             # dispatch/combine hidden by the other micro-batch's
+                                                              # compute [--overlap-moe-expert-parallel-comm, DeepEP]
+    grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
+    fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
+    dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
+    fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
+    # Uneven pipelines (comet.config.stages): transformer layers on the first / last stage, or the
+    # embedding / loss counted as one layer each (Megatron-Core account_for_*_in_pipeline_split).
+    pp_first_stage_layers: int | None = None
+    pp_last_stage_layers: int | None = None
+    pp_embedding_as_layer: bool = False
+    pp_loss_as_layer: bool = False
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -66,8 +92,31 @@ class ParallelConfig:
         return self.global_batch // (self.dp * self.micro_batch)
 
     @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the expert weights: the stage's tp*cp*dp ranks over etp*ep."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def uneven(self) -> bool:
+        return (self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None
+                or self.pp_embedding_as_layer or self.pp_loss_as_layer)
+
+    def chunk_layers(self, model: ModelSpec) -> tuple[int, ...]:
+        """Transformer layers per model chunk (chunk index = vchunk * pp + stage)."""
+        return chunk_layer_counts(model.layers, self.pp, self.vpp, self.pp_first_stage_layers,
+                                  self.pp_last_stage_layers, self.pp_embedding_as_layer, self.pp_loss_as_layer)
+
+    def stage_layers(self, model: ModelSpec, stage: int) -> int:
+        chunks = self.chunk_layers(model)
+        return sum(chunks[v * self.pp + stage] for v in range(self.vpp))
 
     def resolve(self, model: ModelSpec) -> "ParallelConfig":
         """Derive dp / sequence parallelism and check every rule. Raises ConfigError naming the rule."""
@@ -99,18 +148,27 @@ class ParallelConfig:
         rule(model.heads % self.tp == 0, "tp", f"heads ({model.heads}) must be divisible by tp ({self.tp})")
         rule(model.kv_heads % self.tp == 0, "tp", f"kv_heads ({model.kv_heads}) must be divisible by tp ({self.tp})")
         rule(model.ffn_hidden % self.tp == 0, "tp", f"ffn_hidden ({model.ffn_hidden}) must be divisible by tp ({self.tp})")
-        rule(model.layers % (self.pp * self.vpp) == 0, "pp",
-             f"layers ({model.layers}) must be divisible by pp*vpp = {self.pp}*{self.vpp} = {self.pp * self.vpp}")
+        chunks = self.chunk_layers(model)   # raises ConfigError naming the split rule
+        rule(min(chunks) >= 1 or self.pp_embedding_as_layer or self.pp_loss_as_layer, "vpp",
+             f"layers ({model.layers}) leave an empty model chunk on pp*vpp = {self.pp}*{self.vpp}")
         per = self.dp * self.micro_batch
         rule(self.global_batch % per == 0, "global_batch",
              f"global_batch ({self.global_batch}) must be divisible by dp*micro_batch = {self.dp}*{self.micro_batch} = {per}")
+        rule(self.num_microbatches <= MAX_MICROBATCHES, "global_batch",
+             f"{self.num_microbatches:,} micro-batches per step (global_batch / (dp*micro_batch)) is more than "
+             f"{MAX_MICROBATCHES:,}: the replay holds every micro-batch in memory; raise micro_batch or dp")
         rule(model.seq_len % (2 * self.cp) == 0 or self.cp == 1, "cp",
              f"seq_len ({model.seq_len}) must be divisible by 2*cp = {2 * self.cp} (load-balanced causal context parallelism)")
         tokens_per_rank = model.seq_len // self.cp
         rule(not self.sp or tokens_per_rank % self.tp == 0, "sequence_parallel",
              f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
-        rule(not (self.zero >= 2 and self.pp > 1), "zero",
+        rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+        rule(not self.fp8_params or self.precision is Precision.FP8, "fp8_params",
+             f"FP8 weights need precision fp8, got {self.precision.value}")
+        # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per
+        # micro-batch, weights kept gathered); Megatron's distributed optimizer cannot.
+        rule(not (self.zero >= 2 and self.pp > 1) or self.fsdp, "zero",
              f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
              "accumulate across micro-batches; use zero <= 1 with pp > 1")
         if self.vpp > 1:
@@ -121,6 +179,7 @@ class ParallelConfig:
             rule(self.num_microbatches % self.pp == 0, "global_batch",
                  f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
         rule(len(set(self.offload)) == len(self.offload), "offload", "lists a target twice")
+        check_expert_parallel(self, model)
 
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -128,5 +187,13 @@ class ParallelConfig:
             parts.append(f"cp{self.cp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
+        if self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None:
+            parts.append(f"ppf{self.pp_first_stage_layers or 'x'}l{self.pp_last_stage_layers or 'x'}")
+        if self.pp_embedding_as_layer or self.pp_loss_as_layer:
+            parts.append("pp" + ("e" if self.pp_embedding_as_layer else "") + ("l" if self.pp_loss_as_layer else ""))
         parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
         return "-".join(parts)

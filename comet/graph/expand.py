@@ -102,9 +102,9 @@ def _emit_task(ex, graph, s, c, ph, mb, vs, need, task_send, task_tail, layer_do
     layer = 0
     for key in task_blocks(plan, s, c, ph):
         after = ex.block(key, s, mb, layer, after)
-        if key in ("layer.fwd", "layer.bwd"):
+        if key.endswith(("layer.fwd", "layer.bwd")):
             layer += 1
-            if last_bwd and key == "layer.bwd":
+            if last_bwd and key.endswith("layer.bwd"):
                 layer_done.setdefault((s, c), []).append(list(after))
     if last_bwd:
         layer_done.setdefault((s, c), []).append(list(after))   # all compute of the task, embedding included

@@ -68,6 +68,9 @@ class GroupKind(str, enum.Enum):
     DP = "dp"
     PP = "pp"
     EMBEDDING = "embedding"   # first <-> last pipeline stage (tied embedding gradients)
+    EP = "ep"                 # expert parallel: token dispatch / combine of MoE layers
+    ETP = "etp"               # expert tensor parallel (the TP group of the expert layers)
+    EDP = "edp"               # expert data parallel: gradients / optimizer state of the expert weights
     OTHER = "other"
 
 
@@ -85,6 +88,7 @@ TP_STREAM = "comm.tp"
 CP_STREAM = "comm.cp"
 DP_STREAM = "comm.dp"
 PP_STREAM = "comm.pp"
+EP_STREAM = "comm.ep"
 OFFLOAD_STREAM = "offload"
 
 
@@ -187,10 +191,19 @@ class PipelinePlan:
     p2p_bytes: float                       # activation (or gradient) bytes sent between stages per micro-batch
     p2p_group_stride: int = 1              # global-rank distance between neighbouring stages
     recompute_layers: int = 0              # layers per chunk that run the "layer.recompute" block before backward
+    chunk_layer_kinds: tuple[tuple[str, ...], ...] = ()   # per chunk, each layer's block prefix in order
+                                                          # ("layer" or "moe_layer"); empty: all "layer"
 
     @property
     def num_chunks(self) -> int:
         return self.pp * self.vpp
+
+    def layer_kinds(self, vs: int) -> tuple[str, ...]:
+        """Block prefix of each layer of model chunk `vs` in forward order (MoE models mix dense and
+        expert layers: "layer.fwd" vs "moe_layer.fwd")."""
+        if self.chunk_layer_kinds:
+            return self.chunk_layer_kinds[vs]
+        return ("layer",) * self.chunk_layers[vs]
 
 
 @dataclass(frozen=True)

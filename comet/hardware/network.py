@@ -60,6 +60,25 @@ def _steps_latency(n: int, dim: NetworkDim, passes: int) -> float:
     return passes * steps * dim.latency_s
 
 
+def _all_to_all_time(msg_bytes: float, size: int, span: list[int], cluster: ClusterSpec) -> float:
+    """Each member sends msg/size to every member. The share addressed to peers inside its level-i
+    domain but outside its level-(i-1) domain, (prod(span[:i+1]) - prod(span[:i])) / size of the buffer,
+    crosses level i's links; the levels' links work at the same time, so the slowest level sets the time
+    (an inter-node all-to-all runs at about one NIC's bandwidth per GPU, nccl-tests#267). Bus efficiency
+    follows the buffer size as for the other collectives; latency is one step per peer on the outermost
+    level."""
+    worst, inner, outer = 0.0, 1, 0
+    for i, (n, dim) in enumerate(zip(span, cluster.network)):
+        if n <= 1:
+            continue
+        crossing = msg_bytes * (inner * n - inner) / size
+        eff = dim.bus_efficiency * msg_bytes / (msg_bytes + dim.half_efficiency_bytes)
+        worst = max(worst, crossing / (dim.bandwidth / dim.oversubscription * eff))
+        inner *= n
+        outer = i
+    return worst + _steps_latency(size, cluster.network[outer], 1)
+
+
 def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
     """Time of one collective; msg_bytes is the full buffer per rank (the gathered size for all-gather,
     the input size for reduce-scatter and all-reduce), as NCCL reports `size`."""
@@ -67,11 +86,7 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
         return 0.0
     span = group_span(size, stride, cluster.network)
     if kind is Collective.ALL_TO_ALL:
-        # Every member exchanges (n-1)/n of its buffer; the outermost spanned dimension is the bottleneck
-        # (inter-node all-to-all runs at single-NIC speed per GPU, nccl-tests#267).
-        outer = max(i for i, n in enumerate(span) if n > 1)
-        dim = cluster.network[outer]
-        return (size - 1) / size * _bus_time(msg_bytes, dim) + _steps_latency(size, dim, 1)
+        return _all_to_all_time(msg_bytes, size, span, cluster)
     if kind is Collective.BARRIER:
         return sum(_steps_latency(n, d, 2) for n, d in zip(span, cluster.network))
     passes = 2 if kind is Collective.ALL_REDUCE else 1

@@ -29,18 +29,20 @@ class CompiledGraph:
 
 def compile_graph(g: nx.DiGraph, where: str = "graph") -> CompiledGraph:
     """Index nodes in insertion order; resources are (rank, stream); matched comm ops grouped by comm_id."""
-    check_acyclic(g, where)
     node_ids = list(g.nodes)
     index = {nid: i for i, nid in enumerate(node_ids)}
-    ops = [g.nodes[nid]["op"] for nid in node_ids]
+    ops = [op for _, op in g.nodes(data="op")]
     res_of: dict[tuple, int] = {}
     resource = [res_of.setdefault((op.rank, op.stream), len(res_of)) for op in ops]
     preds: list[list[tuple[int, float]]] = [[] for _ in node_ids]
     succs: list[list[tuple[int, float]]] = [[] for _ in node_ids]
+    forward_only = True           # every edge from an earlier to a later node
     for u, v, data in g.edges(data=True):
         d = float(data.get("delay_s", 0.0))
-        preds[index[v]].append((index[u], d))
-        succs[index[u]].append((index[v], d))
+        iu, iv = index[u], index[v]
+        preds[iv].append((iu, d))
+        succs[iu].append((iv, d))
+        forward_only = forward_only and iu < iv
     groups: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
         if op.comm_id is not None:
@@ -51,10 +53,16 @@ def compile_graph(g: nx.DiGraph, where: str = "graph") -> CompiledGraph:
             t = tuple(members)
             for i in members:
                 match[i] = t
-    order = list(nx.lexicographical_topological_sort(g, key=lambda n: index[n]))
-    topo = [0] * len(ops)
-    for pos, nid in enumerate(order):
-        topo[index[nid]] = pos
+    if forward_only:
+        # perf: insertion order is then a topological order (no cycle possible), and it is the
+        # lexicographically smallest one: the earliest node is always ready when its turn comes
+        topo = list(range(len(ops)))
+    else:
+        check_acyclic(g, where)
+        order = list(nx.lexicographical_topological_sort(g, key=lambda n: index[n]))
+        topo = [0] * len(ops)
+        for pos, nid in enumerate(order):
+            topo[index[nid]] = pos
     comm_kinds = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)
     return CompiledGraph(
         node_ids=node_ids, ops=ops, resource=resource, resources=list(res_of), rank=[op.rank for op in ops],

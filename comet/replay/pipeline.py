@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from comet.errors import GraphError
-from comet.replay.schedule import FWD, all_stage_tasks
+from comet.replay import cache
+from comet.replay.kernels import HAVE_NUMBA, longest_path, pipeline_tasks
+from comet.replay.schedule import BWD, FWD, all_stage_tasks, warmups
 
 
 @dataclass
@@ -33,16 +35,17 @@ class StagePrograms:
     src: np.ndarray        # global index of the task this one waits for on another stage (n = none)
     release: np.ndarray    # earliest start (e.g. after the parameter all-gather), seconds
     offset: np.ndarray
+    last_b: np.ndarray | None = None    # (stage, chunk) -> index of the chunk's last backward
 
     @property
     def n(self) -> int:
         return len(self.dur)
 
 
-def build_programs(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.ndarray,
-                   f_release: np.ndarray | None = None) -> StagePrograms:
-    """f_dur / b_dur[stage, chunk]: task durations (send included); f_release[stage, chunk]: earliest
-    start of the chunk's first forward."""
+@cache.memoized(64)
+def _structure(schedule: str, pp: int, vpp: int, m: int):
+    """The task arrays that depend only on the schedule's shape: computed once per (schedule, pp, vpp,
+    m) and shared by every candidate with that shape (read-only)."""
     per = 2 * m * vpp
     phase, chunk, mb = (a.ravel() for a in all_stage_tasks(schedule, pp, vpp, m))
     stage = np.repeat(np.arange(pp), per)
@@ -57,16 +60,72 @@ def build_programs(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, 
     has_src = (src_vs >= 0) & (src_vs <= last_vs)
     sv = np.clip(src_vs, 0, last_vs)
     src = np.where(has_src, pos[sv % pp, phase, sv // pp, mb], n)
-    dur = np.where(fwd, f_dur[stage, chunk], b_dur[stage, chunk]).astype(float)
-    release = np.zeros(n)
-    if f_release is not None:
-        first = fwd & (mb == 0)
-        release[first] = f_release[stage[first], chunk[first]]
-    return StagePrograms(phase, chunk, mb, dur, src, release, np.arange(pp + 1) * per)
+    # index into the (pp, 2, vpp) table of task durations: one gather per candidate
+    dur_index = (stage * 2 + phase) * vpp + chunk
+    first_fwd = np.flatnonzero(fwd & (mb == 0))
+    arrays = (phase, chunk, mb, src, dur_index, first_fwd, stage, np.arange(pp + 1) * per)
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+@cache.memoized(64)
+def last_backward(schedule: str, pp: int, vpp: int, m: int) -> np.ndarray:
+    """(stage, chunk) -> global index of the chunk's last backward task (the last micro-batch's)."""
+    phase, chunk, mb, *_ = _structure(schedule, pp, vpp, m)
+    stage = _structure(schedule, pp, vpp, m)[6]
+    idx = np.flatnonzero((phase == BWD) & (mb == m - 1))
+    out = np.empty((pp, vpp), dtype=np.int64)
+    out[stage[idx], chunk[idx]] = idx
+    out.flags.writeable = False
+    return out
+
+
+def build_programs(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.ndarray,
+                   f_release: np.ndarray | None = None) -> StagePrograms:
+    """f_dur / b_dur[stage, chunk]: task durations (send included); f_release[stage, chunk]: earliest
+    start of the chunk's first forward."""
+    phase, chunk, mb, src, dur_index, first_fwd, stage, offset = _structure(schedule, pp, vpp, m)
+    # perf: the schedule's shape is cached; a candidate only gathers its durations into it
+    dur = np.stack((np.asarray(f_dur, dtype=float), np.asarray(b_dur, dtype=float)), axis=1).ravel()[dur_index]
+    release = np.zeros(len(dur))
+    if f_release is not None and f_release.any():
+        release[first_fwd] = f_release[stage[first_fwd], chunk[first_fwd]]
+    return StagePrograms(phase, chunk, mb, dur, src, release, offset)
+
+
+def run(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.ndarray,
+        f_release: np.ndarray) -> tuple[StagePrograms, np.ndarray]:
+    """build_programs + solve: the task programs and every task's end time. With numba, one compiled
+    pass builds and solves (kernels.pipeline_tasks; equal to build_programs + solve, tested)."""
+    if not HAVE_NUMBA:
+        prog = build_programs(schedule, pp, vpp, m, f_dur, b_dur, f_release)
+        prog.last_b = last_backward(schedule, pp, vpp, m)
+        return prog, solve_numpy(prog)
+    interleaved = schedule == "interleaved_1f1b" and vpp > 1
+    phase, chunk, mb, dur, src, release, end, last_b, complete = pipeline_tasks(
+        interleaved, pp, vpp, m, warmups(schedule, pp, vpp, m).astype(np.int64), np.ascontiguousarray(f_dur, float),
+        np.ascontiguousarray(b_dur, float), np.ascontiguousarray(f_release, float))
+    if not complete:
+        raise GraphError("pipeline replay did not converge (the schedule has a dependency cycle)")
+    per = 2 * m * vpp
+    return StagePrograms(phase, chunk, mb, dur, src, release, np.arange(pp + 1) * per, last_b), end
 
 
 def solve(prog: StagePrograms, max_sweeps: int | None = None) -> np.ndarray:
-    """End time of every task (exact longest path of the static-order schedule)."""
+    """End time of every task (exact longest path of the static-order schedule): compiled when numba is
+    installed (kernels.longest_path, one visit per task), else numpy sweeps (solve_numpy)."""
+    if HAVE_NUMBA and max_sweeps is None:
+        end, complete = longest_path(prog.src, prog.dur, prog.release, prog.offset)
+        if not complete:
+            raise GraphError("pipeline replay did not converge (the schedule has a dependency cycle)")
+        return end
+    return solve_numpy(prog, max_sweeps)
+
+
+def solve_numpy(prog: StagePrograms, max_sweeps: int | None = None) -> np.ndarray:
+    """The same longest path by Gauss-Seidel sweeps of vectorised stages (equal to 1e-12 relative:
+    the prefix sums round differently from one task after another)."""
     pp = len(prog.offset) - 1
     end = np.zeros(prog.n + 1)                                # end[n] = 0: "no dependency"
     # perf: per-stage slices and prefix sums computed once, outside the sweep loop

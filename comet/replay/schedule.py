@@ -60,9 +60,9 @@ def block_occurrences(plan, stage: int) -> dict[str, int]:
                        "head.fwd", "head.bwd"), 0)
     for c in range(plan.vpp):
         vs = c * pp + stage
-        n["layer.fwd"] += plan.chunk_layers[vs] * m
-        n["layer.bwd"] += plan.chunk_layers[vs] * m
-        n["layer.recompute"] += plan.chunk_layers[vs] * m if plan.recompute_layers else 0
+        for kind in plan.layer_kinds(vs):
+            for part in ("fwd", "bwd") + (("recompute",) if plan.recompute_layers else ()):
+                n[f"{kind}.{part}"] = n.get(f"{kind}.{part}", 0) + m
         if vs == 0:
             n["embedding.fwd"] += m
             n["embedding.bwd"] += m
@@ -88,8 +88,8 @@ def task_blocks(plan, stage: int, chunk: int, phase: int) -> list[str]:
     virtual stage and the output head on the last; backward runs each layer's recompute first."""
     vs = chunk * plan.pp + stage
     last = plan.pp * plan.vpp - 1
-    n = plan.chunk_layers[vs]
+    kinds = plan.layer_kinds(vs)
     if phase == FWD:
-        return (["embedding.fwd"] if vs == 0 else []) + ["layer.fwd"] * n + (["head.fwd"] if vs == last else [])
-    per_layer = (["layer.recompute"] if plan.recompute_layers else []) + ["layer.bwd"]
-    return (["head.bwd"] if vs == last else []) + per_layer * n + (["embedding.bwd"] if vs == 0 else [])
+        return (["embedding.fwd"] if vs == 0 else []) + [f"{k}.fwd" for k in kinds] + (["head.fwd"] if vs == last else [])
+    layers = [b for k in reversed(kinds) for b in ([f"{k}.recompute"] if plan.recompute_layers else []) + [f"{k}.bwd"]]
+    return (["head.bwd"] if vs == last else []) + layers + (["embedding.bwd"] if vs == 0 else [])

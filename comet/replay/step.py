@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
+from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
-from comet.replay.pipeline import StagePrograms, build_programs, solve
+from comet.replay.pipeline import StagePrograms
+from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
 from comet.replay.timing import timed_s
 from comet.result import BREAKDOWN_KEYS
@@ -49,32 +51,50 @@ def _scaled(parts: dict, k: float, into: dict) -> None:
         into[key] = into.get(key, 0.0) + k * v
 
 
+def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
+    """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
+    forward and backward runs: middle stages all run the same few."""
+    kinds: dict = {}
+    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
+    for s in range(plan.pp):
+        for c in range(plan.vpp):
+            for phase in (FWD, BWD):
+                # the task ends with a blocking send (None: the last forward / first backward)
+                key = (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
+                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
+    return list(kinds), ids[FWD], ids[BWD]
+
+
+_task_kinds_shared = cache.memoized(256)(_task_kinds)
+
+
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
-    pp, vpp = plan.pp, plan.vpp
-    f_dur, b_dur = np.zeros((pp, vpp)), np.zeros((pp, vpp))
-    f_parts = [[{} for _ in range(vpp)] for _ in range(pp)]
-    b_parts = [[{} for _ in range(vpp)] for _ in range(pp)]
-    for s in range(pp):
-        for c in range(vpp):
-            for phase, parts in ((FWD, f_parts[s][c]), (BWD, b_parts[s][c])):
-                for key in task_blocks(plan, s, c, phase):
-                    _scaled(blocks[key].parts, 1, parts)
-                stride = send_stride(plan, s, c, phase)    # the task ends with a blocking send
-                if stride is not None:
-                    parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
-            fp, bp = f_parts[s][c], b_parts[s][c]
-            f_dur[s, c], b_dur[s, c] = sum(fp.values()), sum(bp.values())
-    return f_dur, b_dur, f_parts, b_parts
+    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
+    kinds, f_kind, b_kind = _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
+    parts_of, dur_of = [], []
+    for keys, stride in kinds:
+        parts: dict = {}
+        for key in keys:
+            _scaled(blocks[key].parts, 1, parts)
+        if stride is not None:
+            parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
+        parts_of.append(parts)
+        dur_of.append(sum(parts.values()))
+    dur_of = np.array(dur_of)
+    f_parts = [[parts_of[k] for k in row] for row in f_kind.tolist()]
+    b_parts = [[parts_of[k] for k in row] for row in b_kind.tolist()]
+    return dur_of[f_kind], dur_of[b_kind], f_parts, b_parts
 
 
-def _serial(ready: np.ndarray, dur: np.ndarray, t0: float) -> np.ndarray:
-    """End times of ops run one after another on one stream, each no earlier than its ready time."""
-    if len(dur) == 0:
+def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
+    """End times of ops run one after another on one stream, each no earlier than its ready time (along
+    the last axis: one stream per row)."""
+    if dur.shape[-1] == 0:
         return dur
-    c = np.cumsum(dur)
-    return c + np.maximum.accumulate(np.maximum(ready, t0) - (c - dur))
+    c = np.cumsum(dur, axis=-1)
+    return c + np.maximum.accumulate(np.maximum(ready, t0) - (c - dur), axis=-1)
 
 
 def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_block_replays: bool = False) -> StepReplay:
@@ -110,8 +130,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                                      for k in range(bs.count)]
             clock += bs.count * d
         gather_end[s] = clock
-    prog = build_programs(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    end = solve(prog)
+    prog, end = run_pipeline(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     tails = _tails(graph, prog, end, gather_end, t, blocks, record=keep_block_replays)
     for s in range(pp):
         tails[s].dp_events[:0] = gather_events[s]
@@ -130,7 +149,9 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
     head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
-    per_layer = blocks["layer.bwd"].duration_s + (blocks["layer.recompute"].duration_s if plan.recompute_layers else 0.0)
+    kinds = plan.layer_kinds(vs)   # mean backward (+ recompute) per layer over the chunk's layer kinds
+    per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
+                                                       else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)
@@ -145,28 +166,38 @@ def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t
     """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
     `record` (for the timeline)."""
     plan = graph.plan
-    pp, m = plan.pp, plan.num_microbatches
-    tails = []
+    pp = plan.pp
+    last_b = prog.last_b                                           # (stage, chunk) -> its last backward task
+    last_b_start = end[last_b] - prog.dur[last_b]
+    gather_end = np.asarray(gather_end, dtype=float)
+    # perf: stages whose bucket sets and layer counts are the same (every middle stage shares one
+    # StageSync) run their DP streams as rows of one array computation
+    groups: dict = {}
     for s in range(pp):
-        lo, hi = prog.offset[s], prog.offset[s + 1]
-        sl = slice(lo, hi)
-        last_b = lo + np.flatnonzero((prog.phase[sl] == BWD) & (prog.mb[sl] == m - 1))
-        last_b_of_chunk = dict(zip(prog.chunk[last_b].tolist(), last_b.tolist()))
         st = graph.stages[s]
-        ready, durs, names = [], [], []
-        for bs in st.grad_buckets:
-            i = last_b_of_chunk[bs.chunk]
-            ready.append(end[i] - prog.dur[i] + bucket_ready_offsets(graph, blocks, s, bs))
-            durs.append(np.full(bs.count, t(bs.op)))
-            if record:
-                names += [f"{bs.op.name}[{k}]" for k in range(bs.count)]
-        ready_a = np.concatenate(ready) if ready else np.zeros(0)
-        durs_a = np.concatenate(durs) if durs else np.zeros(0)
-        order = np.argsort(ready_a, kind="stable")
-        ends = _serial(ready_a[order], durs_a[order], gather_end[s])
-        dp_events = [(names[i], e - durs_a[i], e) for i, e in zip(order.tolist(), ends.tolist())] if record else []
-        compute_end = float(end[hi - 1])
-        tails.append(StageTail(compute_end, 0.0, 0.0, dp_events, end=float(ends[-1]) if len(ends) else gather_end[s]))
+        role = tuple((plan.chunk_layers[bs.chunk * pp + s], bs.chunk * pp + s == 0,
+                      bs.chunk * pp + s == pp * plan.vpp - 1) for bs in st.grad_buckets)
+        groups.setdefault((id(st), role), []).append(s)
+    dp_end = gather_end.copy()
+    events: list = [[] for _ in range(pp)]
+    for stages in groups.values():
+        st = graph.stages[stages[0]]
+        if not st.grad_buckets:
+            continue
+        offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
+        durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
+        chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
+        rows = np.asarray(stages)
+        ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
+        order = np.argsort(ready, axis=1, kind="stable")
+        ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
+        dp_end[rows] = ends[:, -1]
+        if record:
+            names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
+            for r, s in enumerate(stages):
+                events[s] = [(names[i], e - durs[i], e) for i, e in zip(order[r].tolist(), ends[r].tolist())]
+    compute_end = end[prog.offset[1:] - 1]
+    tails = [StageTail(float(compute_end[s]), 0.0, 0.0, events[s], end=float(dp_end[s])) for s in range(pp)]
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
     emb = [s for s in range(pp) if graph.stages[s].embedding_sync is not None]

@@ -17,6 +17,7 @@ import pandas as pd
 from comet.config.cluster import CostSpec, load_cluster
 from comet.config.loader import from_dict
 from comet.config.model import load_model
+from comet.config.paths import check_output_dir
 from comet.errors import ConfigError, TraceError
 from comet.result import Result
 from comet.search import results as res_io
@@ -24,7 +25,12 @@ from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, 
 from comet.search.context import (Candidate, EvalContext, cluster_axes, context_fingerprint, engine_fingerprint,
                                   evaluate_candidate, parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
-from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace
+from comet.search.lock import ResultsLock
+from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace, grid_size
+
+# The grid is enumerated (and pruned) in memory before evaluation: ~1 kB and ~50 us per point, so 10^6
+# points is ~1 GB and a minute before the first evaluation. Larger grids need --force.
+MAX_GRID_POINTS = 1_000_000
 
 
 class Progress:
@@ -49,6 +55,7 @@ class RunOptions:
     progress: Progress = field(default_factory=Progress)
     evaluate_fn: Callable | None = None   # tests only: a fake evaluate for driver mechanics
     precheck_fn: Callable | None = None
+    force: bool = False               # enumerate a grid above MAX_GRID_POINTS
 
 
 @dataclass
@@ -134,6 +141,14 @@ def _calibrated_base(space: SearchSpace, model) -> Any:
     spec = space.base.cluster or space.cluster_spec
     if not Path(spec).is_file():
         raise ConfigError(f"cluster spec not found: {spec}", source=space.source, field="base.cluster")
+    from comet.trace.ground import ground_for     # an LLM step it recognises: grounded op by op
+    try:
+        base, report = ground_for(space.base.trace, model, load_cluster(spec))
+        return base.with_(meta=dict(base.meta, calibration=report))
+    except (TraceError, ConfigError) as exc:
+        if not space.base.build:
+            raise TraceError(f"{space.source}: base.trace: {exc}; give base.build (the configuration it ran) "
+                             "to calibrate per kernel class instead") from None
     par = _reference_parallel(space, model)
     try:
         trace = load_trace(space.base.trace)
@@ -182,8 +197,25 @@ def run_study(space: SearchSpace, opts: RunOptions | None = None) -> StudyOutcom
     seed = space.seed if opts.seed is None else opts.seed
     trials = opts.trials or space.budget.trials
     out = Path(opts.out) if opts.out else Path("results") / space.study
+    check_grid_size(space, opts.force)
+    check_output_dir(str(out), "--out")             # a folder that cannot be written fails before any work
     ctx, fingerprint = build_context(space, opts)   # bad inputs fail here, before anything is written
     out.mkdir(parents=True, exist_ok=True)
+    with ResultsLock(out):                          # a second search on this folder refuses (comet/search/lock.py)
+        return _run_locked(space, opts, ctx, fingerprint, out, seed, trials, t0)
+
+
+def check_grid_size(space: SearchSpace, force: bool) -> None:
+    """A grid larger than MAX_GRID_POINTS is refused before anything is enumerated, unless forced."""
+    size = grid_size(space)
+    if space.method is Method.GRID and size > MAX_GRID_POINTS and not force:
+        axes = " x ".join(f"{a.short} {len(a.values)}" for a in space.axes if len(a.values) > 1)
+        raise ConfigError(f"the grid has {size:,} points ({axes}), more than {MAX_GRID_POINTS:,}: narrow the "
+                          "axes, use method random or optuna-tpe with a trial budget, or pass --force",
+                          source=space.source, field="method")
+
+
+def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> StudyOutcome:
     factory = CandidateFactory(space, ctx, fingerprint)
     state = _State(res_io.Journal(out / res_io.JOURNAL), fingerprint, opts.progress)
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
@@ -270,15 +302,23 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
 
     proposer = OptunaProposer(space, factory, out / "optuna.db", seed)
     trials = trials or 10**9
-    counted = proposer.evaluated_before
-    opts.progress.start(trials if trials < 10**9 else None, counted)
-    asks = 0
+    opened = proposer.open_round()              # a round a killed run left open is completed first
+    counted = proposer.evaluated_before - (opened[3] if opened else 0)
+    opts.progress.start(trials if trials < 10**9 else None, proposer.evaluated_before)
+    asks = proposer.asked_before
     while counted < trials and asks < 20 * trials + 100:
-        if deadline is not None and time.monotonic() >= deadline:
-            state.budget_stop = True
-            break
-        asked = [proposer.ask() for _ in range(min(space.batch, trials - counted))]
-        asks += len(asked)
+        if opened is not None:
+            index, size, asked, _ = opened
+            opened = None
+            fresh = [proposer.ask(index, size) for _ in range(size - len(asked))]
+            asked = asked + fresh
+        else:
+            if deadline is not None and time.monotonic() >= deadline:
+                state.budget_stop = True
+                break
+            size, index = min(space.batch, trials - counted), proposer.next_round
+            fresh = asked = [proposer.ask(index, size) for _ in range(size)]
+        asks += len(fresh)
         todo: dict[str, Candidate] = {}
         for _, out_ in asked:
             if not isinstance(out_, Candidate):
@@ -296,7 +336,9 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
             for cand, result, attempts in executor.wait():
                 state.record(cand, result, attempts)
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
-            if isinstance(out_, Pruned):
+            if out_ is None:        # told by the killed run before it died
+                counted += not trial.user_attrs.get("pruned")
+            elif isinstance(out_, Pruned):
                 proposer.tell(trial, None, 1.0, out_.reason)
             else:
                 row = state.row(out_.key)

@@ -41,17 +41,21 @@ def suggest(trial: optuna.Trial, axis: Axis) -> Any:
 
 
 class OptunaProposer:
-    """Asks candidates from an Optuna study and tells it their results."""
+    """Asks candidates from an Optuna study and tells it their results.
+
+    Resumable: the sampler is re-seeded before each ask from (seed, trial number), and every trial
+    records its round; a run killed mid-round leaves RUNNING trials that the next run completes (asking
+    the rest of the round first), so a killed and resumed study asks the same trials as an uninterrupted
+    one. (A kill inside one `ask` itself, a window of microseconds, can still change that one trial.)
+    """
 
     def __init__(self, space: SearchSpace, factory: CandidateFactory, storage_path: Path, seed: int):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.space, self.factory = space, factory
+        self.space, self.factory, self.seed = space, factory, seed
         directions = ["minimize" if o.direction is Direction.MIN else "maximize" for o in space.objectives]
         self.study = optuna.create_study(study_name=space.study, storage=f"sqlite:///{storage_path}",
                                          directions=directions, sampler=make_sampler(space.method, seed),
                                          load_if_exists=True)
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            self.study.tell(t.number, state=TrialState.FAIL)   # asked by an interrupted run, never told
 
     @property
     def evaluated_before(self) -> int:
@@ -59,13 +63,49 @@ class OptunaProposer:
         return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                    if not t.user_attrs.get("pruned"))
 
-    def ask(self) -> tuple[optuna.Trial, Candidate | Pruned]:
+    @property
+    def asked_before(self) -> int:
+        return len(self.study.get_trials(deepcopy=False))
+
+    @property
+    def next_round(self) -> int:
+        return 1 + max((t.user_attrs.get("round", -1) for t in self.study.get_trials(deepcopy=False)), default=-1)
+
+    def _reseed(self, number: int) -> None:
+        # a fresh sampler seeded by the trial number: the trial asked depends only on the stored history
+        # and its number, never on how many asks this process made before (what a resume changes)
+        self.study.sampler = make_sampler(self.space.method, (self.seed * 1_000_003 + number) % 2**32)
+
+    def ask(self, round_index: int, round_size: int) -> tuple[optuna.Trial, Candidate | Pruned]:
+        self._reseed(self.asked_before)
         trial = self.study.ask()
-        values = {a.name: suggest(trial, a) for a in self.space.axes}
+        trial.set_user_attr("round", round_index)
+        trial.set_user_attr("round_size", round_size)
+        return self._propose(trial)
+
+    def _propose(self, trial: optuna.Trial) -> tuple[optuna.Trial, Candidate | Pruned]:
+        self._reseed(trial.number)
+        values = {a.name: suggest(trial, a) for a in self.space.axes}   # stored params are returned as stored
         out = self.factory.make(values, trial.number)
         if isinstance(out, Candidate):
             trial.set_user_attr("key", out.key)
         return trial, out
+
+    def open_round(self) -> tuple[int, int, list, int] | None:
+        """The round a killed run left open: (index, size, [(trial, candidate)] asked in ask order,
+        trials of it already told that count toward the budget), or None."""
+        trials = self.study.get_trials(deepcopy=False)
+        running = [t for t in trials if t.state == TrialState.RUNNING]
+        if not running:
+            return None
+        index = max(t.user_attrs.get("round", -1) for t in trials)
+        members = sorted((t for t in trials if t.user_attrs.get("round", index) == index
+                          and t.state in (TrialState.RUNNING, TrialState.COMPLETE)), key=lambda t: t.number)
+        size = max((t.user_attrs.get("round_size", 0) for t in members), default=0) or len(members)
+        asked = [self._propose(optuna.trial.Trial(self.study, t._trial_id)) if t.state == TrialState.RUNNING
+                 else (t, None) for t in members]
+        told = sum(1 for t in members if t.state == TrialState.COMPLETE and not t.user_attrs.get("pruned"))
+        return index, size, asked, told
 
     def tell(self, trial: optuna.Trial, row: dict | None, violation: float, reason: str = "") -> None:
         """Tell a finished trial; `row` is the flat result row (None for a pruned candidate)."""

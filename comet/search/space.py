@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from comet.config.job import JobSpec
 from comet.config.loader import from_dict, positive, read_yaml
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, Precision, Recompute, Schedule
 from comet.errors import ConfigError
 
@@ -153,7 +154,8 @@ class SearchSpace:
 
 def _num(kind: type, low: float | None = None, strict: bool = True) -> Callable[[Any, str], Any]:
     def check(v: Any, path: str) -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and int(v) != v):
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or (kind is int and int(v) != v)):
             raise ConfigError(f"must be {'an integer' if kind is int else 'a number'}, got {v!r}", field=path)
         if low is not None and (v <= low if strict else v < low):
             raise ConfigError(f"must be {'>' if strict else '>='} {low:g}, got {v}", field=path)
@@ -213,11 +215,14 @@ PARALLEL_AXES: dict[str, Callable] = {
     "recompute": _enum(Recompute), "zero": _zero, "precision": _enum(Precision), "offload": _offload,
     "overlap_grad_reduce": _bool, "overlap_param_gather": _bool, "overlap_tp_comm": _bool,
     "flash_attention": _bool,
+    # mixture of experts (comet/config/moe.py)
+    "ep": _num(int, 0), "etp": _num(int, 0), "moe_dispatcher": _enum(Dispatcher),
+    "moe_capacity_factor": _num(float, 0), "moe_imbalance": _num(float, 1, strict=False), "moe_overlap_a2a": _bool,
 }
 _NUMERIC = {"gpus", "hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_bandwidth_GBps", "scaleup_size",
             "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale",
-            "tp", "pp", "cp", "vpp", "micro_batch", "zero"}
-_INTEGER = {"gpus", "scaleup_size", "tp", "pp", "cp", "vpp", "micro_batch", "zero"}
+            "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp", "moe_capacity_factor", "moe_imbalance"}
+_INTEGER = {"gpus", "scaleup_size", "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp"}
 TOP_KEYS = ("study", "model", "base", "job", "cluster", "parallel", "objectives", "constraints", "method",
             "budget", "seed", "batch", "timelines")
 
@@ -326,9 +331,7 @@ def _parse_base(data: Any, source: str) -> BaseTrace:
     for key in ("trace", "cluster"):
         if key in data and not isinstance(data[key], str):
             raise ConfigError(f"must be a path, got {data[key]!r}", field=f"base.{key}")
-    if "build" not in data:
-        raise ConfigError("needs base.build: {tp: .., pp: .., micro_batch: ..}, the configuration the trace was "
-                          "measured with", field="base.trace")
+    # without base.build the trace must be a recognisable LLM step (comet/trace/recognize.py)
     cluster = _resolve_path(data["cluster"], source) if "cluster" in data else None
     return BaseTrace(build=dict(build), trace=_resolve_path(data["trace"], source), cluster=cluster)
 
@@ -372,6 +375,8 @@ def _parse_space(data: Any, source: str) -> SearchSpace:
     provision = _parse_axes("cluster", cluster, PROVISION_AXES, method, extra=("spec", "cost"))
     parallel = _parse_axes("parallel", data.get("parallel"), PARALLEL_AXES, method)
     seed = _num(int, -1)(data.get("seed", 0), "seed")
+    if seed >= 2**32:   # numpy / Optuna samplers take a 32-bit seed
+        raise ConfigError(f"must be < 2**32, got {seed}", field="seed")
     batch = _num(int, 0)(data.get("batch", 16), "batch")
     timelines = _num(int, -1)(data.get("timelines", 3), "timelines")
     budget = from_dict(Budget, data.get("budget") or {}, source=source, path="budget")

@@ -21,6 +21,7 @@ from pathlib import Path
 import networkx as nx
 
 from comet.errors import TraceError
+from comet.trace.validate import check_chakra_et_nodes
 from comet.graph.ir import Collective, DepKind, Op, OpKind, ops
 from comet.trace.common import RankTrace, collective_from_kernel
 
@@ -204,6 +205,7 @@ def _node(data: bytes) -> dict:
 # ---------------------------------------------------------------------------- import
 def parse_chakra_et(data: bytes, source: str, rank: int) -> RankTrace:
     meta, nodes = decode_et(data, source)
+    check_chakra_et_nodes(nodes, source)      # comet/trace/validate.py
     rt = _to_rank(nodes, source, rank, "chakra_et")
     try:
         info = json.loads(meta["attrs"].get("comet_rank_info") or "{}")

@@ -29,6 +29,7 @@ class RankTrace:
     measured_s: float | None = None               # measured iteration time (Kineto)
     step: str | None = None                       # "ProfilerStep#10", "all events", ...
     step_start_us: float | None = None            # absolute step start (for cross-rank alignment)
+    comm_calls: list = field(default_factory=list)  # Kineto: per c10d collective call, did it launch a kernel
 
     def add(self, nid: str, op: Op) -> str:
         self.nodes[nid] = op

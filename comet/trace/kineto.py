@@ -79,7 +79,9 @@ def parse_kineto(doc: dict, source: str, step=None, rank_hint: int | None = None
     rt.pid = main[0] if main else (cpu[0]["pid"] if cpu else None)
     if main:
         cpu = [e for e in cpu if e["pid"] == main[0] and t0 <= e["ts"] < t1]
-    _Builder(rt, cpu, gpu, cuda_sync, t0, main, all_events=(t1 == math.inf)).build()
+    builder = _Builder(rt, cpu, gpu, cuda_sync, t0, main, all_events=(t1 == math.inf))
+    builder.build()
+    rt.comm_calls = builder.comm_calls()
     base_ns = doc.get("baseTimeNanoseconds")
     if _num(base_ns):                    # 2024+ traces: ts relative to baseTimeNanoseconds
         rt.step_start_us = t0 + base_ns / 1000.0
@@ -305,6 +307,29 @@ class _Builder:
         out_b = float(args.get("Out msg nelems", 0) or 0) * elem
         return Op(name=name, kind=kind, collective=coll, msg_bytes=msg_bytes_of(coll, kind, in_b, out_b),
                   dtype_bytes=elem, group=group, group_size=group_size, group_stride=stride_of(ranks), **common)
+
+    def comm_calls(self) -> list[bool]:
+        """Each c10d collective call of the window in issue order: did it launch an NCCL kernel here?
+
+        An ET records every c10d call; one whose kernel was launched outside the imported window (the
+        last all-reduce of the Megatron trace starts 0.2 ms before the step ends and launches after)
+        has no Kineto collective, so ET records are matched to calls, not to kernels."""
+        launches: dict = {}
+        for e, nid in self.gpu_nodes:
+            launch = self.launch_of.get(id(e))
+            if launch is not None and self.rt.nodes[nid].is_comm:
+                launches.setdefault(launch[2], []).append(launch[1])
+        for times in launches.values():
+            times.sort()
+        calls = []
+        for e in self.cpu:
+            name = str(e.get("name", ""))
+            if e["cat"] not in _OP_CATS or not name.startswith("c10d::") or not collective_from_name(name.split("::")[-1]):
+                continue
+            times = launches.get((e["pid"], e["tid"]), [])
+            i = bisect.bisect_left(times, e["ts"])
+            calls.append((e["ts"], i < len(times) and times[i] <= e["ts"] + e.get("dur", 0)))
+        return [launched for _, launched in sorted(calls)]
 
     # ------------------------------------------------------------------ synchronisation
     def _syncs(self) -> None:

@@ -35,7 +35,13 @@ def check_rank_set(traces: list[RankTrace]) -> None:
 
 
 def apply_et_sizes(rt: RankTrace, records: list[CommRecord], et_source: str) -> None:
-    """Message sizes (and group sizes) of Kineto collectives from the matching ET, in issue order."""
+    """Message sizes (and group sizes) of Kineto collectives from the matching ET, in issue order.
+
+    When the ET has one record per c10d call of the window and some calls launched no kernel inside it,
+    the records of those calls are skipped (matched by call order, see kineto.comm_calls)."""
+    if len(records) != len(rt.comms) and len(records) == len(rt.comm_calls) \
+            and sum(rt.comm_calls) == len(rt.comms):
+        records = [r for r, launched in zip(records, rt.comm_calls) if launched]
     if len(records) != len(rt.comms):
         raise TraceError(f"execution trace has {len(records)} collectives but the Kineto trace "
                          f"{rt.source} has {len(rt.comms)} in the imported step; they do not describe the "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from comet.trace.common import RankTrace, rank_from_name
 from comet.trace.kineto import parse_kineto
 from comet.trace.link import apply_et_sizes, link
 from comet.trace.pytorch_et import comm_records, is_pytorch_et, parse_pytorch_et
+from comet.trace.validate import check_trace_document, decode_json
 
 _EXTS = (".json", ".json.gz", ".gz", ".tar", ".tar.gz", ".tgz", ".et")
 
@@ -120,14 +120,10 @@ def _decode(name: str, data: bytes) -> TraceFile:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"bad or truncated gzip data ({exc})", path=name) from None
-    try:
-        doc = json.loads(data)
-    except UnicodeDecodeError:
-        raise TraceError("not a text JSON file (binary data)", path=name) from None
-    except json.JSONDecodeError as exc:
-        hint = " (truncated?)" if exc.pos >= len(data.rstrip()) - 1 else ""
-        raise TraceError(f"bad JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{hint}", path=name) from None
-    return TraceFile(name, _classify(name, doc), doc)
+    doc = decode_json(data, name)
+    kind = _classify(name, doc)
+    check_trace_document(kind, doc, name)     # comet/trace/validate.py: types, ranges, ids, cycles
+    return TraceFile(name, kind, doc)
 
 
 def _classify(name: str, doc) -> str:

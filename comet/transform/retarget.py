@@ -19,8 +19,11 @@ from comet.graph.ir import BucketSet, StageSync, StepGraph
 from comet.transform.retime import Timing, carry_block, carry_op, graph_config, graph_timing
 from comet.workload import builder
 
-# The model fields a transformation may change; any other difference is a different model.
-_MUTABLE_MODEL = {"layers", "name", "source"}
+# The model fields a transformation may change: depth and every tensor dimension (each op of the
+# target's blocks is matched to the base op of the same role and re-timed by the cost-model ratio of its
+# new shape, Lumos-style). Any other difference (activation, embeddings tying, experts) is a different
+# model.
+_MUTABLE_MODEL = {"layers", "name", "source", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab"}
 
 
 @lru_cache(maxsize=256)
@@ -35,7 +38,7 @@ def check_same_model(base: ModelSpec, target: ModelSpec) -> None:
         if f.name not in _MUTABLE_MODEL and getattr(base, f.name) != getattr(target, f.name):
             raise GraphError(f"cannot transform a graph of model {base.name} into model {target.name}: "
                              f"{f.name} differs ({getattr(base, f.name)!r} -> {getattr(target, f.name)!r}); "
-                             "only the number of layers can change")
+                             "only the depth and the tensor dimensions can change")
 
 
 def retarget(graph: StepGraph, model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None = None,

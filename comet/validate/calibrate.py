@@ -159,7 +159,7 @@ def _log_error(preds: list[Prediction]) -> float:
     by_source: dict[str, list[float]] = {}
     for p in preds:
         if p.status == "ok" and p.predicted > 0:
-            by_source.setdefault(p.case.profile.key, []).append(abs(math.log(p.predicted / p.case.value)))
+            by_source.setdefault(p.case.source_label, []).append(abs(math.log(p.predicted / p.case.value)))
     means = [sum(v) / len(v) for v in by_source.values()]
     return sum(means) / len(means) if means else 0.0
 
@@ -223,7 +223,7 @@ def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResul
 def _count_sources(rows: list[Case]) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in rows:
-        out[c.profile.label] = out.get(c.profile.label, 0) + 1
+        out[c.source_label] = out.get(c.source_label, 0) + 1
     return out
 
 

@@ -14,12 +14,12 @@ def plot_errors(val: Validation, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sources = sorted({p.case.profile.label for p in val.predictions if p.status == "ok"})
+    sources = sorted({p.case.source_label for p in val.predictions if p.status == "ok"})
     fig, ax = plt.subplots(figsize=(8, 0.9 + 0.7 * len(sources)))
     ax.axvspan(-TARGET_PCT, TARGET_PCT, color="0.92", zorder=0, label=f"±{TARGET_PCT:g}%")
     ax.axvline(0, color="0.5", lw=0.8)
     for y, src in enumerate(sources):
-        rows = [p for p in val.predictions if p.status == "ok" and p.case.profile.label == src]
+        rows = [p for p in val.predictions if p.status == "ok" and p.case.source_label == src]
         for held in (False, True):
             xs = [p.error_pct for p in rows if p.case.held_out == held]
             ax.scatter(xs, [y + (0.12 if held else -0.12)] * len(xs), s=28, zorder=2,

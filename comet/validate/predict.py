@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from comet.config.cluster import ClusterSpec, load_cluster
+from comet.config.parallel import Recompute
 from comet.evaluate import evaluate, resolve
 from comet.errors import CometError
 from comet.replay.blocks import time_block
 from comet.result import Result
-from comet.validate.rows import Case
-from comet.validate.sources import Accounting, flops_per_step
+from comet.validate.accounting import flops_per_step
+from comet.validate.rows import MEMORY_METRICS, Case
 from comet.workload.builder import build_step_graph
 
 LAYER_BLOCKS = ("layer.fwd", "layer.recompute", "layer.bwd")
@@ -26,6 +27,7 @@ class Prediction:
     reason: str = ""
     label: str = ""
     breakdown: dict[str, float] = field(default_factory=dict)
+    memory_GB: float | None = None      # predicted peak HBM per GPU (1e9 bytes), every modelled row
 
     @property
     def error_pct(self) -> float:
@@ -37,12 +39,13 @@ class Prediction:
     def as_dict(self) -> dict:
         c = self.case
         err = self.error_pct
-        return {"index": c.index, "source": c.source, "source_key": c.profile.key, "model": c.row.get("model", ""),
+        return {"index": c.index, "source": c.source, "source_label": c.source_label, "framework": c.framework,
+                "model": c.row.get("model", ""),
                 "gpu": c.row.get("gpu", ""), "num_gpus": c.row.get("num_gpus", ""), "metric": c.metric,
                 "value": c.value, "predicted": None if math.isnan(self.predicted) else self.predicted,
                 "error_pct": None if math.isnan(err) else err, "status": self.status, "reason": self.reason,
                 "held_out": c.held_out, "config": self.label, "assumptions": list(c.assumptions),
-                "breakdown": self.breakdown}
+                "bad_column": c.bad_column, "memory_gb_per_gpu": self.memory_GB, "breakdown": self.breakdown}
 
 
 class ClusterCache:
@@ -52,10 +55,16 @@ class ClusterCache:
         self.folder = Path(folder)
         self.specs: dict[str, ClusterSpec] = dict(overrides or {})
 
-    def get(self, fname: str) -> ClusterSpec:
+    def get(self, fname: str, hbm_GB: float | None = None, hbm_GBps: float | None = None) -> ClusterSpec:
+        """The spec, with the HBM of a variant part (H100 96 GB, H200) where the row's gpu_model says so."""
         if fname not in self.specs:
             self.specs[fname] = load_cluster(self.folder / fname)
-        return self.specs[fname]
+        spec = self.specs[fname]
+        if hbm_GB is None and hbm_GBps is None:
+            return spec
+        gpu = replace(spec.gpu, hbm_GB=hbm_GB or spec.gpu.hbm_GB,
+                      hbm_bandwidth_GBps=hbm_GBps or spec.gpu.hbm_bandwidth_GBps)
+        return replace(spec, gpu=gpu)
 
 
 def _percent_scale(case: Case) -> float:
@@ -63,20 +72,34 @@ def _percent_scale(case: Case) -> float:
     return 100.0 if "%" in unit or case.value > 1.0 else 1.0
 
 
+GIB = 2 ** 30
+
+
 def metric_from_result(case: Case, res: Result, cluster: ClusterSpec) -> float:
-    """The row's metric computed from a step time, with the row's source FLOP accounting."""
+    """The row's metric computed from a step time (or the memory estimate), with the row's FLOP
+    accounting (flops_formula) and MFU peak (mfu_peak_tflops, else the GPU's dense BF16 peak)."""
     model, t = case.model, res.step_time_s
     gpus = res.gpus
     gb = case.parallel.global_batch
+    tokens = gb * model.seq_len
     if case.metric == "iteration_time_s":
         return t
     if case.metric == "tokens_per_s_per_gpu":
-        return gb * model.seq_len / t / gpus
+        return tokens / t / gpus
+    if case.metric == "tokens_per_s":
+        return tokens / t
+    if case.metric == "time_to_train_min":
+        return case.total_tokens / (tokens / t) / 60.0
     if case.metric == "tflops_per_gpu":
-        return flops_per_step(case.profile.accounting, model, gb) / t / gpus / 1e12
+        return flops_per_step(case.flops_formula, model, gb) / t / gpus / 1e12
     if case.metric == "mfu":
-        peak = cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16")
-        return flops_per_step(Accounting.MODEL, model, gb) / t / gpus / peak * _percent_scale(case)
+        peak = (case.mfu_peak_tflops * 1e12 if case.mfu_peak_tflops else
+                cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16"))
+        return flops_per_step(case.flops_formula, model, gb) / t / gpus / peak * _percent_scale(case)
+    if case.metric == "memory_gib_per_gpu":
+        return res.memory_gb_per_gpu * 1e9 / GIB
+    if case.metric == "memory_gb_per_gpu":
+        return res.memory_gb_per_gpu
     raise ValueError(case.metric)
 
 
@@ -93,21 +116,42 @@ def layer_time_ms(case: Case, cluster: ClusterSpec) -> tuple[float, dict, str]:
     return total * 1e3, parts, par.label()
 
 
+def _least_recompute_that_fits(case: Case, cluster: ClusterSpec, res: Result) -> Result:
+    """The row does not state recompute and its run fitted in memory (SCHEMA.md: every row is a run that
+    happened), but the framework default does not fit: take the least recompute that fits, stated as an
+    assumption (Megatron-Core: selective, then full)."""
+    modes = list(Recompute)
+    for mode in modes[modes.index(case.parallel.recompute) + 1:]:
+        trial = evaluate(case.model, cluster, replace(case.parallel, recompute=mode))
+        if trial.feasible:
+            case.assumptions.append(f"recompute={mode.value}: the default ({case.parallel.recompute.value}) "
+                                    f"needs {res.memory_gb_per_gpu:.1f} GB per GPU, more than HBM holds")
+            case.parallel = replace(case.parallel, recompute=mode)
+            return trial
+    return res
+
+
 def predict(case: Case, clusters: ClusterCache) -> Prediction:
     if case.skip_reason:
         return Prediction(case, "skipped", reason=case.skip_reason)
     try:
-        cluster = clusters.get(case.cluster_file)
+        cluster = clusters.get(case.cluster_file, case.hbm_GB, case.hbm_GBps)
         if case.metric == "layer_fwd_bwd_time_ms":
             ms, parts, label = layer_time_ms(case, cluster)
             return Prediction(case, "ok", ms, label=label, breakdown=parts)
         res = evaluate(case.model, cluster, case.parallel)
+        if not res.feasible and res.memory and not case.row.get("recompute", "").strip():
+            res = _least_recompute_that_fits(case, cluster, res)
     except CometError as exc:
         return Prediction(case, "infeasible", reason=str(exc))
+    mem = res.memory_gb_per_gpu if res.memory_gb_per_gpu == res.memory_gb_per_gpu else None
     if not res.feasible:
-        return Prediction(case, "infeasible", reason=res.reason, label=res.label)
+        if case.metric in MEMORY_METRICS and mem:   # a memory row still gets its predicted footprint
+            return Prediction(case, "infeasible", mem * (1e9 / GIB if "gib" in case.metric else 1.0),
+                              reason=res.reason, label=res.label, memory_GB=mem)
+        return Prediction(case, "infeasible", reason=res.reason, label=res.label, memory_GB=mem)
     return Prediction(case, "ok", metric_from_result(case, res, cluster), label=res.label,
-                      breakdown=dict(res.breakdown))
+                      breakdown=dict(res.breakdown), memory_GB=mem)
 
 
 def predict_all(cases: list[Case], clusters: ClusterCache) -> list[Prediction]:

@@ -11,7 +11,8 @@ from comet.config.cluster import load_cluster
 from comet.validate.calibrate import (LARGE_GEMM_RANGE, PARAMS, PRIOR_GEMM_FP8, PRIORS, FitResult, get_value,
                                       large_gemm_fraction)
 from comet.validate.runner import Validation
-from comet.validate.sources import GENERIC, PROFILES
+from comet.validate.frameworks import FRAMEWORKS, GENERIC
+from comet.validate.frameworks import __doc__ as FRAMEWORK_DOC
 from comet.validate.summary import ErrorStats
 
 LIMITATIONS = (
@@ -80,7 +81,7 @@ def rows_md(val: Validation) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|"]
     for p in val.predictions:
         c = p.case
-        label = c.profile.label if c.profile.match else c.source[:30]
+        label = c.source_label
         status = _pct(p.error_pct) if p.status == "ok" else f"{p.status}: {p.reason}"
         out.append(f"| {c.index} | {label} | {c.row.get('model', '')} | {c.row.get('num_gpus', '')} | "
                    f"{p.label or '-'} {c.row.get('recompute', '')} | {c.metric} | {_fmt(c.value)} | "
@@ -145,8 +146,16 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
               "checks.py) for every modelled configuration, so that the errors above can be read as physics."]
     lines += [""] + ([f"- **mismatch**: {w}" for w in val.warnings] or
                      ["All layer blocks match the analytical GEMM and attention FLOPs within 1%."])
-    lines += ["", "## Defaults where a source is silent", ""]
-    lines += [f"- **{p.label}**: {p.defaults_note}" for p in PROFILES + (GENERIC,)]
+    lines += ["", "## Defaults where a row is silent", "",
+              "An empty cell takes the default of the row's `framework` (below, from comet/validate/frameworks.py) "
+              "and is listed as an assumption of that row (JSON `assumptions`). Explicit cells always win; the "
+              "`source` text is never used to pick a default.", "", FRAMEWORK_DOC.strip(), "",
+              "| framework | micro-batch | precision | ZeRO | FSDP | SP | recompute | grad reduce | vocab pad | "
+              "TP overlap | FLOP formula |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in list(FRAMEWORKS.values()) + [GENERIC]:
+        lines.append(f"| {d.key} | {d.micro_batch} | {d.precision} | {d.zero} | {d.fsdp} | "
+                     f"{'with tp' if d.sequence_parallel is None else d.sequence_parallel} | {d.recompute} | "
+                     f"{d.grad_dtype} | {d.vocab_pad_to} | {d.overlap_tp_comm} | {d.flops_formula} |")
     lines += ["", "## Calibrated parameters", "",
               "One parameter set per GPU type, fitted by `comet validate --fit` (bounded coordinate search on "
               "the mean |ln(predicted/measured)| of the fitted rows, averaged per source so each publication "
@@ -157,7 +166,7 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
     lines += params_md(specs_dir, fits)
     lines += ["", "## Commands", "",
               "- `comet validate [CSV] [--json OUT] [--docs [MD]]`: predict every row, print the table and the "
-              "summary (default CSV ../shared/calibration/published.csv); `--docs` writes this file.",
+              "summary (default CSV ../shared/calibration/measurements.csv); `--docs` writes this file.",
               "- `comet validate --fit` (or `python -m comet.validate.calibrate [CSV] [--no-write]`): re-fit the "
               "parameters above, write them into cluster_specs/*.yaml and regenerate this file.",
               "- `pytest -m slow tests/validate`: the targets (Korthikanti iteration times <= 5% MAPE, overall "

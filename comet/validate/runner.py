@@ -18,15 +18,15 @@ def repo_root() -> Path:
 
 
 def default_csv() -> Path:
-    """../shared/calibration/published.csv next to the repository."""
-    return (repo_root() / ".." / "shared" / "calibration" / "published.csv").resolve()
+    """../shared/calibration/measurements.csv next to the repository (schema: SCHEMA.md there)."""
+    return (repo_root() / ".." / "shared" / "calibration" / "measurements.csv").resolve()
 
 
 def find_csv(path: str | None) -> Path:
     p = Path(path) if path else default_csv()
     if not p.is_file():
         raise ConfigError("measurement CSV not found" + ("" if path else " (default ../shared/calibration/"
-                                                          "published.csv next to the repository)"), source=str(p))
+                                                          "measurements.csv next to the repository)"), source=str(p))
     return p
 
 

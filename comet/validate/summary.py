@@ -38,7 +38,7 @@ def grouped(preds: list[Prediction], key) -> dict[str, ErrorStats]:
 
 
 def source_label(p: Prediction) -> str:
-    return p.case.profile.label if p.case.profile.match else p.case.source[:40]
+    return p.case.source_label
 
 
 def summarize(preds: list[Prediction]) -> dict:

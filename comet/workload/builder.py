@@ -10,12 +10,12 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute
 from comet.graph.ir import (COMPUTE_STREAM, DP_STREAM, OFFLOAD_STREAM, BucketSet, Collective, GroupKind, KernelClass,
                             Op, OpKind, Phase, PipelinePlan, StageSync, StepGraph)
-from comet.workload import layers
+from comet.workload import layers, moe
 from comet.workload.layers import ACT_BYTES, group_geometry
 from comet.workload.memory import stage_params
 
-MAIN_GRAD_BYTES = 4        # Megatron accumulates and reduces gradients in fp32 for bf16 training
-                           # (arguments.py: bf16 implies accumulate_allreduce_grads_in_fp32)
+MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}   # gradient reduce dtype: Megatron's default is fp32 (arguments.py:
+                           # bf16 implies accumulate_allreduce_grads_in_fp32); NeMo recipes reduce in bf16
 ADAM_STEP_BYTES = 34       # fused Adam per parameter: read grad, master, m, v (16 B), write master, m, v
                            # (12 B), write bf16 weight (2 B), grad-norm pass (4 B)
 OFFLOADED_STATE_BYTES = 24  # master, m, v read and written across the expansion link (12 + 12 B)
@@ -27,7 +27,8 @@ def bucket_params(par: ParallelConfig) -> int:
 
 
 def build_blocks(model: ModelSpec, par: ParallelConfig) -> dict:
-    return {
+    extra = moe.moe_blocks(model, par) if model.moe is not None else {}
+    return extra | {
         "layer.fwd": layers.layer_forward(model, par),
         "layer.bwd": layers.layer_backward(model, par),
         "layer.recompute": layers.layer_recompute(model, par),
@@ -39,46 +40,61 @@ def build_blocks(model: ModelSpec, par: ParallelConfig) -> dict:
 
 
 def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
-    chunks = par.pp * par.vpp
-    per_chunk = model.layers // chunks
+    chunk_layers = par.chunk_layers(model)   # even, or uneven first/last stages (comet.config.stages)
     # Each TP rank sends 1/tp of the boundary activation: sequence-parallel shards, or Megatron's
     # scatter/gather optimization without SP (Narayanan et al. SC21 sec. 4.1).
     tokens = par.micro_batch * (model.seq_len // par.cp) / par.tp
-    recompute = per_chunk if par.recompute is not Recompute.NONE else 0
+    recompute = max(chunk_layers) if par.recompute is not Recompute.NONE else 0
     return PipelinePlan(pp=par.pp, vpp=par.vpp, num_microbatches=par.num_microbatches, schedule=par.schedule.value,
-                        chunk_layers=(per_chunk,) * chunks, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
-                        p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute)
+                        chunk_layers=chunk_layers, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
+                        p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute,
+                        chunk_layer_kinds=moe.chunk_layer_kinds(model, chunk_layers) if model.moe else ())
 
 
-def _dp_op(name: str, kind: Collective, nbytes: float, par: ParallelConfig, phase: Phase) -> Op:
-    size, stride, _ = group_geometry(GroupKind.DP, par)
-    return Op(name, OpKind.COLLECTIVE, stream=DP_STREAM, collective=kind, msg_bytes=nbytes, group="dp",
-              group_kind=GroupKind.DP, group_size=size, group_stride=stride, phase=phase)
+def _dp_op(name: str, kind: Collective, nbytes: float, par: ParallelConfig, phase: Phase,
+           group: GroupKind = GroupKind.DP) -> Op:
+    size, stride, _ = group_geometry(group, par)
+    return Op(name, OpKind.COLLECTIVE, stream=DP_STREAM, collective=kind, msg_bytes=nbytes, group=group.value,
+              group_kind=group, group_size=size, group_stride=stride, phase=phase)
+
+
+def _bucket_sets(params: float, par: ParallelConfig, group: GroupKind, dp_size: int, what: str):
+    """Gradient reduce (and ZeRO parameter gather) buckets of `params` per GPU over a data-parallel
+    group of `dp_size` ranks (the DP group, or the expert-DP group for routed experts)."""
+    buckets, gathers = [], []
+    if dp_size <= 1 or par.zero >= 3 or params <= 0:   # ZeRO-3 reduces per layer inside the blocks
+        return buckets, gathers
+    kind = Collective.REDUCE_SCATTER if par.zero >= 1 else Collective.ALL_REDUCE
+    chunk_p = params / par.vpp
+    n = max(1, math.ceil(chunk_p / bucket_params(par)))
+    for c in range(par.vpp):
+        grad = _dp_op(f"{what}.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * MAIN_GRAD_BYTES[par.grad_dtype], par,
+                      Phase.BACKWARD, group)
+        buckets.append(BucketSet(grad, c, n, progressive=par.overlap_grad_reduce))
+        if par.zero >= 1:
+            gather = _dp_op(f"{what}.param_all_gather[chunk {c}]", Collective.ALL_GATHER, chunk_p / n * ACT_BYTES,
+                            par, Phase.FORWARD, group)
+            gathers.append(BucketSet(gather, c, n))
+    return buckets, gathers
 
 
 def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> StageSync:
     params = stage_params(model, par, stage)
-    buckets: list[BucketSet] = []
-    gathers: list[BucketSet] = []
-    if par.dp * par.cp > 1 and par.zero < 3:   # ZeRO-3 reduces per layer inside the blocks
-        kind = Collective.REDUCE_SCATTER if par.zero >= 1 else Collective.ALL_REDUCE
-        chunk_p = params / par.vpp
-        n = max(1, math.ceil(chunk_p / bucket_params(par)))
-        for c in range(par.vpp):
-            grad = _dp_op(f"dp.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * MAIN_GRAD_BYTES, par, Phase.BACKWARD)
-            buckets.append(BucketSet(grad, c, n, progressive=par.overlap_grad_reduce))
-            if par.zero >= 1:
-                gather = _dp_op(f"dp.param_all_gather[chunk {c}]", Collective.ALL_GATHER, chunk_p / n * ACT_BYTES,
-                                par, Phase.FORWARD)
-                gathers.append(BucketSet(gather, c, n))
+    buckets, gathers = _bucket_sets(params, par, GroupKind.DP, par.dp * par.cp, "dp")
+    expert_params = moe.stage_expert_params(model, par, stage) if model.moe is not None else 0.0
+    if expert_params:   # routed experts reduce over expert-DP (Megatron-Core expert_data_parallel_group)
+        eb, eg = _bucket_sets(expert_params, par, GroupKind.EDP, par.expert_dp, "edp")
+        buckets += eb
+        gathers += eg
     emb = None
     if par.pp > 1 and model.tied_embeddings and stage in (0, par.pp - 1):
         size, stride, _ = group_geometry(GroupKind.EMBEDDING, par)
         emb = Op("embedding.grad_all_reduce", OpKind.COLLECTIVE, stream=DP_STREAM,
-                 collective=Collective.ALL_REDUCE, msg_bytes=model.vocab * model.hidden / par.tp * MAIN_GRAD_BYTES,
+                 collective=Collective.ALL_REDUCE, msg_bytes=model.padded_vocab(par.tp) * model.hidden / par.tp * MAIN_GRAD_BYTES[par.grad_dtype],
                  group="embedding", group_kind=GroupKind.EMBEDDING, group_size=size, group_stride=stride,
                  phase=Phase.BACKWARD, comm_id="embedding.grad_all_reduce")
     opt_params = params / (par.dp * par.cp if par.zero >= 1 else 1)
+    opt_params += expert_params / (par.expert_dp if par.zero >= 1 else 1)
     optimizer = [Op("optimizer.adam", OpKind.COMPUTE, stream=COMPUTE_STREAM, kernel=KernelClass.MEMORY,
                     bytes=opt_params * ADAM_STEP_BYTES, phase=Phase.OPTIMIZER)]
     if OffloadTarget.OPTIMIZER in par.offload:
@@ -89,7 +105,19 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> Stage
 
 
 def build_stages(model: ModelSpec, par: ParallelConfig) -> tuple[StageSync, ...]:
-    """Middle stages are identical: build first, middle and last once and share them."""
+    """Middle stages are identical: build first, middle and last once and share them. A MoE model's
+    stages differ when dense and expert layers fall unevenly on them: stages share a StageSync only when
+    they hold the same layer kinds."""
+    if model.moe is not None:
+        built: dict = {}
+        out = []
+        for s in range(par.pp):
+            key = (tuple(model.is_moe_layer(i) for i in moe.stage_layer_indices(model, par, s)),
+                   s == 0, s == par.pp - 1)
+            if key not in built:
+                built[key] = build_stage_sync(model, par, s)
+            out.append(built[key])
+        return tuple(out)
     first = build_stage_sync(model, par, 0)
     if par.pp == 1:
         return (first,)
@@ -97,8 +125,9 @@ def build_stages(model: ModelSpec, par: ParallelConfig) -> tuple[StageSync, ...]
     return (first,) + (middle,) * (par.pp - 2) + (build_stage_sync(model, par, par.pp - 1),)
 
 
-def build_step_graph(model: ModelSpec, par: ParallelConfig) -> StepGraph:
-    """`par` must be resolved (ParallelConfig.resolve)."""
-    return StepGraph(blocks=build_blocks(model, par), plan=build_plan(model, par),
+def build_step_graph(model: ModelSpec, par: ParallelConfig, blocks: dict | None = None) -> StepGraph:
+    """`par` must be resolved (ParallelConfig.resolve). `blocks`: build_blocks(model, par) already built
+    (the replay's cache shares them between configurations that differ only outside the blocks)."""
+    return StepGraph(blocks=blocks if blocks is not None else build_blocks(model, par), plan=build_plan(model, par),
                      stages=build_stages(model, par),
                      meta={"model": model, "parallel": par, "label": par.label(), "source": "built"})

@@ -12,32 +12,60 @@ from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Recompute
 
 
-def layer_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
-    """Forward FLOPs of one transformer layer per token: GEMMs plus attention scores/values."""
-    h, f, s = model.hidden, model.ffn_hidden, seq_len or model.seq_len
-    gemm = 2 * (h * (h + 2 * model.kv_hidden) + h * h + h * f * (3 if model.gated else 2))
-    attention = 4 * s * h          # QK^T and PV: 2 * 2 * s * h per token, full square (Megatron accounting)
-    return gemm + attention
+def attention_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
+    """Projections plus scores/values of one layer per token, full s x s square (Megatron accounting).
+    MLA (Megatron-Core's multi_latent_attention term): q_lora*(h + heads*q_head_dim) [+ h*heads*q_head_dim
+    without a q bottleneck], kv_lora*(h + heads*(nope + v)), h*rope, heads*v*h, and s*heads*(q_head_dim + v)."""
+    h, s = model.hidden, seq_len or model.seq_len
+    if model.mla is not None:
+        m, a = model.mla, model.heads
+        q = h * a * m.q_head_dim if m.q_lora_rank is None else m.q_lora_rank * (h + a * m.q_head_dim)
+        proj = q + m.kv_lora_rank * (h + a * (m.qk_nope_head_dim + m.v_head_dim)) + h * m.qk_rope_head_dim \
+            + a * m.v_head_dim * h
+        return 2 * proj + 2 * s * a * (m.q_head_dim + m.v_head_dim)
+    q = model.q_hidden
+    return 2 * (h * (q + 2 * model.kv_hidden) + q * h) + 4 * s * q   # QK^T and PV: 2 * 2 * s * q per token
+
+
+def mlp_forward_flops_per_token(model: ModelSpec, layer: int = 0) -> float:
+    """Dense MLP, or for a MoE layer the top-k routed experts plus the shared experts (Megatron-Core
+    counts moe_ffn_hidden * topk + shared ffn; the router GEMM is not counted)."""
+    mult = 3 if model.gated else 2
+    if not model.is_moe_layer(layer):
+        return 2 * model.hidden * model.ffn_hidden * mult
+    m = model.moe
+    return 2 * model.hidden * (m.expert_ffn_hidden * m.experts_per_token + m.shared_ffn_hidden) * mult
+
+
+def layer_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None, layer: int = 0) -> float:
+    """Forward FLOPs of transformer layer `layer` per token: GEMMs plus attention scores/values."""
+    return attention_forward_flops_per_token(model, seq_len) + mlp_forward_flops_per_token(model, layer)
+
+
+def body_forward_flops_per_token(model: ModelSpec) -> float:
+    """All transformer layers' forward FLOPs per token (MoE: dense and expert layers differ)."""
+    if model.moe is None:
+        return model.layers * layer_forward_flops_per_token(model)
+    return sum(layer_forward_flops_per_token(model, layer=i) for i in range(model.layers))
 
 
 def logits_forward_flops_per_token(model: ModelSpec) -> float:
-    return 2 * model.hidden * model.vocab
+    return 2 * model.hidden * model.padded_vocab()   # Megatron counts args.padded_vocab_size
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
     """Megatron accounting: 3 passes, no recompute."""
     tokens = global_batch * model.seq_len
-    per_token = model.layers * layer_forward_flops_per_token(model) + logits_forward_flops_per_token(model)
+    per_token = body_forward_flops_per_token(model) + logits_forward_flops_per_token(model)
     return 3 * tokens * per_token
 
 
 def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
     """FLOPs actually executed: model FLOPs plus the recomputed forward passes."""
     tokens = par.global_batch * model.seq_len
-    layer_fwd = layer_forward_flops_per_token(model)
     extra = 0.0
     if par.recompute is Recompute.FULL:
-        extra = layer_fwd
+        extra = body_forward_flops_per_token(model)
     elif par.recompute is Recompute.SELECTIVE and not par.flash_attention:
-        extra = 4 * model.seq_len * model.hidden   # the attention core is recomputed
-    return model_flops_per_step(model, par.global_batch) + tokens * model.layers * extra
+        extra = model.layers * 4 * model.seq_len * model.q_hidden   # the attention core is recomputed
+    return model_flops_per_step(model, par.global_batch) + tokens * extra

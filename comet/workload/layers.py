@@ -17,7 +17,7 @@ import networkx as nx
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
-from comet.graph.ir import (CP_STREAM, DP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
+from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
                             KernelClass, Op, OpKind, Phase, chain_streams, new_graph)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 
@@ -34,20 +34,23 @@ class Dims:
     t: int        # tensor-parallel degree
     h: int
     kv: int       # K (or V) projection width
+    q: int        # Q projection / attention output width (heads * head_dim; = h unless head_dim is set)
     f: int        # ffn hidden
     gate: int     # 2 for SwiGLU (gate and up projections), 1 for GeLU
     heads: int    # attention heads per rank
     d: int        # head dim
-    V: int
+    V: int        # padded vocabulary (Megatron pads to a multiple of 128 * tp)
     sp: bool
     cp: int
+    act: str      # activation name (kernel label)
 
     @staticmethod
     def of(model: ModelSpec, par: ParallelConfig) -> "Dims":
         T = par.micro_batch * model.seq_len // par.cp
         return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
-                    h=model.hidden, kv=model.kv_hidden, f=model.ffn_hidden, gate=2 if model.gated else 1,
-                    heads=model.heads // par.tp, d=model.head_dim, V=model.vocab, sp=par.sp, cp=par.cp)
+                    h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden,
+                    gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_dim,
+                    V=model.padded_vocab(par.tp), sp=par.sp, cp=par.cp, act=model.activation.value)
 
 
 class BlockBuilder:
@@ -111,6 +114,14 @@ def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str
         return par.pp, par.tp * par.cp * par.dp, DP_STREAM
     if group is GroupKind.EMBEDDING:
         return 2, (par.pp - 1) * par.tp * par.cp * par.dp, DP_STREAM
+    # Expert layers re-partition a stage's tp*cp*dp ranks as etp (innermost), ep, expert-dp
+    # (Megatron-Core parallel_state: expert rank order "tp-ep-dp-pp").
+    if group is GroupKind.ETP:
+        return par.expert_tp, 1, TP_STREAM
+    if group is GroupKind.EP:
+        return par.ep, par.expert_tp, EP_STREAM
+    if group is GroupKind.EDP:
+        return par.expert_dp, par.expert_tp * par.ep, DP_STREAM
     raise ValueError(group)
 
 
@@ -254,47 +265,73 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
     return first
 
 
-def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FORWARD) -> nx.DiGraph:
+def dense_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> Deps:
+    """Column-parallel FC1, activation, row-parallel FC2 (`name` prefixes the ops, e.g. shared experts)."""
+    x = tp_in(bb, D, f"{name}fc1", D.T, D.gate * D.f // D.t, D.h, x)
+    x = [bb.memory(f"{name}{D.act}", D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
+    return tp_out(bb, D, f"{name}fc2", D.T, D.h, D.f // D.t, x)
+
+
+def dense_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> Deps:
+    x = row_backward(bb, D, f"{name}fc2", D.f // D.t, x)
+    x = [bb.memory(f"{name}{D.act}.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
+    return col_backward(bb, D, f"{name}fc1", D.gate * D.f // D.t, x)
+
+
+def attention_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
+    """QKV projection, attention core, output projection (MLA: comet/workload/mla.py)."""
+    if bb.model.mla is not None:
+        from comet.workload import mla
+        return mla.forward(bb, D, x)
+    x = tp_in(bb, D, "qkv", D.T, (D.q + 2 * D.kv) // D.t, D.h, x)
+    x = attention_core(bb, D, x, backward=False)
+    return tp_out(bb, D, "proj", D.T, D.h, D.q // D.t, x)
+
+
+def attention_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
+    if bb.model.mla is not None:
+        from comet.workload import mla
+        return mla.backward(bb, D, x)
+    x = row_backward(bb, D, "proj", D.q // D.t, x)
+    x = attention_core(bb, D, x, backward=True)
+    return col_backward(bb, D, "qkv", (D.q + 2 * D.kv) // D.t, x)
+
+
+def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FORWARD,
+                  mlp_forward=dense_mlp_forward) -> nx.DiGraph:
+    """One layer's forward; `mlp_forward` is the MLP (dense, or comet.workload.moe's expert layer)."""
     D = Dims.of(model, par)
     bb = BlockBuilder(phase, par, model)
     x = norm(bb, D, "input_norm", _zero3_and_offload(bb, model, D, backward=False))
-    x = tp_in(bb, D, "qkv", D.T, (D.h + 2 * D.kv) // D.t, D.h, x)
-    x = attention_core(bb, D, x, backward=False)
-    x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)
+    x = attention_forward(bb, D, x)
     x = dropout_add(bb, D, "attention.dropout_add", x)
     x = norm(bb, D, "mlp_norm", x)
-    x = tp_in(bb, D, "fc1", D.T, D.gate * D.f // D.t, D.h, x)
-    x = [bb.memory("swiglu" if D.gate == 2 else "gelu", D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
-    x = tp_out(bb, D, "fc2", D.T, D.h, D.f // D.t, x)
+    x = mlp_forward(bb, D, x)
     dropout_add(bb, D, "mlp.dropout_add", x)
     return bb.done()
 
 
-def layer_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+def layer_backward(model: ModelSpec, par: ParallelConfig, mlp_backward=dense_mlp_backward) -> nx.DiGraph:
     D = Dims.of(model, par)
     bb = BlockBuilder(Phase.BACKWARD, par, model)
     _zero3_and_offload(bb, model, D, backward=True)
     x = dropout_add(bb, D, "mlp.dropout_add.bwd", [])
-    x = row_backward(bb, D, "fc2", D.f // D.t, x)
-    x = [bb.memory("swiglu.bwd" if D.gate == 2 else "gelu.bwd", D.T * D.f // D.t * ACT_BYTES * (2 * D.gate + 1), x)]
-    x = col_backward(bb, D, "fc1", D.gate * D.f // D.t, x)
+    x = mlp_backward(bb, D, x)
     x = norm(bb, D, "mlp_norm.bwd", x, backward=True)
     x = dropout_add(bb, D, "attention.dropout_add.bwd", x)
-    x = row_backward(bb, D, "proj", D.h // D.t, x)
-    x = attention_core(bb, D, x, backward=True)
-    x = col_backward(bb, D, "qkv", (D.h + 2 * D.kv) // D.t, x)
+    x = attention_backward(bb, D, x)
     x = norm(bb, D, "input_norm.bwd", x, backward=True)
     bb.memory("residual_grad_add", D.Ts * D.h * ACT_BYTES * 3, x)
     return bb.done()
 
 
-def layer_recompute(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
+def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward) -> nx.DiGraph:
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
     recomputes its scores inside the backward kernel)."""
     from comet.config.parallel import Recompute
     if par.recompute is Recompute.FULL:
-        return layer_forward(model, par, phase=Phase.RECOMPUTE)
+        return forward(model, par, phase=Phase.RECOMPUTE)
     bb = BlockBuilder(Phase.RECOMPUTE, par, model)
     if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         attention_core(bb, Dims.of(model, par), [], backward=False)

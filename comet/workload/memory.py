@@ -5,6 +5,9 @@ Sources:
   [K] Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023:
       Sec 4.1 (per-layer activations, term by term), Sec 4.2 (tensor and sequence parallelism),
       Sec 4.2.3 / 4.3 (pipeline in-flight micro-batches, embedding and output layer), Table 2.
+  [T] Transformer Engine `_Linear.forward(weight, weight_fp8, weight_t_fp8, ...)` / `fp8_model_init`:
+      FP8 weight and transpose caches, FP8 inputs saved for backward; Megatron-Core TE integration
+      (the output layer and the embedding are not TE modules and stay BF16).
   [Z] Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC20,
       Sec 3.1 (mixed-precision Adam: 16 bytes per parameter) and Sec 5 (stages 1-3).
 
@@ -19,14 +22,17 @@ from dataclasses import dataclass, replace
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
+from comet.workload.moe import (dispatcher_buffer_bytes, moe_layer_activation_bytes, stage_dense_layer_params,
+                                stage_expert_params, stage_layer_indices)
 
 GB = 1e9
 ACT_BYTES = 2          # bf16/fp16 activations [K] Sec 4.1
 MASK_BYTES = 1         # dropout masks, one byte per element [K] Sec 4.1
+FP8_ACT_BYTES = 1      # TE saves FP8 GEMM inputs for the weight gradient [T]
 LOGIT_BYTES = 4        # fp32 logits for the cross-entropy [K] Sec 4.3
-WEIGHT_BYTES = 2       # bf16/fp16 weights; FP8 adds a 1-byte copy (Transformer Engine)
-FP8_COPY_BYTES = 1
-GRAD_BYTES = 4         # fp32 main gradients (Megatron accumulates in fp32)
+WEIGHT_BYTES = 2       # bf16/fp16 weights
+FP8_CACHE_BYTES = 2    # TE FP8 weight copy + its transpose cache, per GEMM weight [T]
+GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron default) or bf16 where stated
 ADAM_BYTES = 12        # fp32 master weights + Adam m + v [Z] Sec 3.1
 PREFETCH_LAYERS = 2    # full layers of weights resident for ZeRO-3 gathers / weight offload streaming
 
@@ -43,12 +49,24 @@ class MemoryEstimate:
     capacity_GB: float       # HBM capacity
     fits: bool
     reason: str              # "" when it fits
+    # Mixture of experts: routed experts' state (the weights/gradients/optimizer above are the rest of
+    # the model) and the dispatcher's buffers. Zero and not listed for dense models.
+    expert_weights_GB: float = 0.0
+    expert_gradients_GB: float = 0.0
+    expert_optimizer_GB: float = 0.0
+    moe_dispatch_GB: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         """Component -> GB. The HBM components add up to total_GB; `expansion` is outside HBM."""
-        return {"weights": self.weights_GB, "gradients": self.gradients_GB, "optimizer": self.optimizer_GB,
-                "activations": self.activations_GB, "workspace": self.workspace_GB,
-                "expansion": self.expansion_GB}
+        out = {"weights": self.weights_GB, "gradients": self.gradients_GB, "optimizer": self.optimizer_GB}
+        if self.expert_weights_GB:
+            out.update({"expert_weights": self.expert_weights_GB, "expert_gradients": self.expert_gradients_GB,
+                        "expert_optimizer": self.expert_optimizer_GB})
+        out.update({"activations": self.activations_GB, "workspace": self.workspace_GB})
+        if self.moe_dispatch_GB:
+            out["moe_dispatch"] = self.moe_dispatch_GB
+        out["expansion"] = self.expansion_GB
+        return out
 
 
 # ---------------------------------------------------------------------------------------- activations
@@ -56,28 +74,42 @@ def _layer_activation_terms(model: ModelSpec, par: ParallelConfig) -> tuple[floa
     """Bytes saved by one layer for one micro-batch on one rank, before tensor parallelism, split as
     (outside the TP regions, inside them, attention-score terms), term by term as in [K] Sec 4.1.
 
-    GPT (ffn = 4h, MHA) gives outside 10sbh, inside 24sbh, scores 5as^2b: sbh(34 + 5as/h) in total.
+    GPT (ffn = 4h, MHA, dropout) gives outside 10sbh, inside 24sbh, scores 5as^2b: sbh(34 + 5as/h).
+    Today's stacks differ [T]: no dropout masks when dropout is 0; under FP8 Transformer Engine saves
+    the GEMM inputs it needs for the weight gradient as FP8 (1 byte: QKV, projection, fc1, fc2
+    inputs), while flash attention keeps Q, K, V and its output O in BF16 (plus fp32 softmax
+    statistics, 4 bytes per head and token).
     """
     s, b, h = model.seq_len // par.cp, par.micro_batch, model.hidden
     kv, f, a = model.kv_hidden, model.ffn_hidden, model.heads
+    q, k, v, o = model.q_hidden, kv, kv, model.q_hidden
+    if model.mla is not None:   # MLA: per-head Q/K of nope+rope, V and output of v_head_dim
+        q = k = a * model.mla.q_head_dim
+        v = o = a * model.mla.v_head_dim
     sb = s * b
+    gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 else ACT_BYTES
+    masks = 2 * MASK_BYTES * sb * h if par.dropout else 0.0   # after attention projection and after fc2
     outside = (2 * ACT_BYTES * sb * h       # two layernorm inputs
-               + ACT_BYTES * sb * h         # QKV projection input
-               + ACT_BYTES * sb * h         # MLP fc1 input
-               + 2 * MASK_BYTES * sb * h)   # dropout masks after attention projection and after fc2
-    act_in = (2 if model.gated else 1) * ACT_BYTES * sb * f   # GeLU input, or SwiGLU gate and up
-    inside = (ACT_BYTES * sb * (h + kv)     # Q and K (K is kv_heads * head_dim wide under GQA)
-              + ACT_BYTES * sb * kv         # V
-              + ACT_BYTES * sb * h          # attention output projection input
+               + gemm_in * sb * h           # QKV projection input
+               + gemm_in * sb * h           # MLP fc1 input
+               + masks)
+    act_in = (2 if model.gated else 1) * ACT_BYTES * sb * f   # GeLU input, or the gate and up halves
+    inside = (ACT_BYTES * sb * (q + k)      # Q and K (K is kv_heads * head_dim wide under GQA)
+              + ACT_BYTES * sb * v          # V
+              + gemm_in * sb * o            # attention output = projection input
               + act_in
-              + ACT_BYTES * sb * f)         # activation output = fc2 input
+              + gemm_in * sb * f)           # activation output = fc2 input
+    if par.flash_attention:
+        # flash keeps its output O (BF16) for the backward besides the FP8 projection input, and the
+        # log-sum-exp statistics (fp32 per head and query) [Dao 2023, FlashAttention-2 Alg. 1/2].
+        inside += (ACT_BYTES * sb * h if gemm_in != ACT_BYTES else 0.0) + 4 * sb * a
     # softmax output 2as^2b + its dropout mask as^2b + dropout output 2as^2b. Under context parallelism
     # each rank's s/cp queries attend to all seq_len keys.
-    scores = (2 * ACT_BYTES + MASK_BYTES) * a * s * model.seq_len * b
+    scores = (2 * ACT_BYTES + (MASK_BYTES if par.dropout else 0)) * a * s * model.seq_len * b
     return outside, inside, scores
 
 
-def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig) -> float:
+def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig, moe_layer: bool = False) -> float:
     """Saved activations of one transformer layer for one micro-batch on one GPU, [K] Table 2:
     none sbh(10 + 24/t + 5as/(ht)); selective sbh(10 + 24/t); with SP sbh(34/t + 5as/(ht)) and
     sbh*34/t; full recompute 2sbh (2sbh/t with SP). Flash attention does not store the s^2 terms."""
@@ -87,7 +119,22 @@ def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig) -> float:
         return ACT_BYTES * (model.seq_len // par.cp) * par.micro_batch * model.hidden / split_outside
     outside, inside, scores = _layer_activation_terms(model, par)
     keep_scores = par.recompute is Recompute.NONE and not par.flash_attention
-    return outside / split_outside + inside / t + (scores / t if keep_scores else 0.0)
+    mlp = 0.0
+    if moe_layer:   # the expert MLP replaces the dense one: drop its terms, add routed tokens' (moe.py)
+        sb = (model.seq_len // par.cp) * par.micro_batch
+        gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 else ACT_BYTES
+        inside -= ((2 if model.gated else 1) * ACT_BYTES + gemm_in) * sb * model.ffn_hidden
+        mlp = moe_layer_activation_bytes(model, par)
+    return outside / split_outside + inside / t + (scores / t if keep_scores else 0.0) + mlp
+
+
+def stage_layer_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+    """Saved activations of all of a stage's layers for one micro-batch (MoE and dense layers differ)."""
+    if model.moe is None:
+        return par.stage_layers(model, stage) * activation_bytes_per_layer(model, par)
+    dense = activation_bytes_per_layer(model, par)
+    sparse = activation_bytes_per_layer(model, par, moe_layer=True)
+    return sum(sparse if model.is_moe_layer(i) else dense for i in stage_layer_indices(model, par, stage))
 
 
 def _recompute_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
@@ -95,7 +142,7 @@ def _recompute_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     activations (one micro-batch) are live on top of the checkpoints."""
     if par.recompute is not Recompute.FULL:
         return 0.0
-    return activation_bytes_per_layer(model, replace(par, recompute=Recompute.NONE))
+    return activation_bytes_per_layer(model, replace(par, recompute=Recompute.NONE), moe_layer=model.moe is not None)
 
 
 def in_flight_microbatches(par: ParallelConfig, stage: int) -> float:
@@ -121,10 +168,11 @@ def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) ->
     split = t if par.sp else 1
     total = 0.0
     if stage == 0:
-        total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
+        if par.dropout:   # embedding dropout mask
+            total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
     if stage == par.pp - 1:
         held = par.num_microbatches if par.schedule is Schedule.GPIPE else 1
-        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.vocab / t)
+        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.padded_vocab(t) / t)
     return total
 
 
@@ -132,19 +180,30 @@ def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) ->
 def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
     """Parameters held by one GPU of pipeline stage `stage`: layers/pp layers split by tp; the first
     stage adds the embedding (V*h/t), the last the final norm and the output layer (its own matrix
-    when untied; a copy of the embedding when tied and pp > 1)."""
-    n = model.layers // par.pp * model.layer_params / par.tp
+    when untied; a copy of the embedding when tied and pp > 1). MoE: the non-expert parameters only;
+    the routed experts are `stage_expert_params` (sharded over ep and etp, reduced over expert-DP)."""
+    if model.moe is not None:
+        n = stage_dense_layer_params(model, par, stage)
+    else:
+        n = par.stage_layers(model, stage) * model.layer_params / par.tp
+    vocab_rows = model.padded_vocab(par.tp) * model.hidden / par.tp
     if stage == 0:
-        n += model.embedding_params / par.tp
+        n += vocab_rows
     if stage == par.pp - 1:
         n += 2 * model.hidden
         if not model.tied_embeddings or par.pp > 1:
-            n += model.vocab * model.hidden / par.tp
+            n += vocab_rows
     return n
 
 
-def _weight_bytes_per_param(par: ParallelConfig) -> float:
-    return WEIGHT_BYTES + (FP8_COPY_BYTES if par.precision is Precision.FP8 else 0)
+def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: float) -> float:
+    """Resident weight bytes of the stage's parameters: BF16, plus under FP8 the TE FP8 copy and its
+    transpose of each layer GEMM weight; with fp8_params the GEMM weights exist only in FP8 [T]."""
+    if par.precision is not Precision.FP8:
+        return params * WEIGHT_BYTES
+    gemm = (stage_dense_layer_params(model, par, stage) if model.moe is not None
+            else par.stage_layers(model, stage) * model.layer_params / par.tp)
+    return (params - gemm) * WEIGHT_BYTES + gemm * (FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES))
 
 
 def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[float, float, float, float]:
@@ -153,13 +212,27 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     the gradients, stage 3 also the weights, which then need ~2 gathered layers resident [Z] Sec 5."""
     params = stage_params(model, par, stage)
     shard = par.dp * par.cp
-    wb = _weight_bytes_per_param(par)
-    weights = params * wb / (shard if par.zero >= 3 else 1)
-    grads = params * GRAD_BYTES / (shard if par.zero >= 2 else 1)
+    weights = _weight_bytes(model, par, stage, params) / (shard if par.zero >= 3 else 1)
+    grads = params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1)
     optimizer = params * ADAM_BYTES / (shard if par.zero >= 1 else 1)
-    layers_here = model.layers // par.pp
-    buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * wb
+    layers_here = par.stage_layers(model, stage)
+    buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * WEIGHT_BYTES
     return weights, grads, optimizer, buffer
+
+
+def _expert_state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per GPU of the stage's routed experts: split over ep and
+    etp; ZeRO shards them over the expert-data-parallel group (Megatron-Core's distributed optimizer
+    keeps a separate expert-DP shard of the expert parameters)."""
+    if model.moe is None:
+        return 0.0, 0.0, 0.0
+    params = stage_expert_params(model, par, stage)
+    shard = par.expert_dp
+    per_param = WEIGHT_BYTES if par.precision is not Precision.FP8 else \
+        FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES)     # every expert weight is a GEMM weight
+    return (params * per_param / (shard if par.zero >= 3 else 1),
+            params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1),
+            params * ADAM_BYTES / (shard if par.zero >= 1 else 1))
 
 
 # ---------------------------------------------------------------------------------------- per stage
@@ -170,22 +243,27 @@ class _Stage:
     optimizer: float
     activations: float
     expansion: float
+    experts: tuple[float, float, float] = (0.0, 0.0, 0.0)   # routed experts' weights, gradients, optimizer
+    dispatch: float = 0.0                                     # MoE dispatcher buffers
 
     def hbm(self, workspace: float) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + workspace
+        return (self.weights + self.gradients + self.optimizer + self.activations + workspace
+                + sum(self.experts) + self.dispatch)
 
 
 def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
     """Bytes per GPU of one pipeline stage, with offload moving parts to the expansion tier."""
     weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
     in_flight = in_flight_microbatches(par, stage)
-    per_layer = activation_bytes_per_layer(model, par)
-    layer_acts = in_flight * (model.layers // par.pp) * per_layer
+    per_layer = activation_bytes_per_layer(model, par, moe_layer=model.moe is not None)
+    layer_acts = in_flight * stage_layer_activation_bytes(model, par, stage)
+    experts = _expert_state_bytes(model, par, stage)
     fixed_acts = _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
-        expansion += optimizer
+        expansion += optimizer + experts[2]
         optimizer = 0.0
+        experts = (experts[0], experts[1], 0.0)
     if OffloadTarget.WEIGHTS in par.offload:         # all but ~2 layers streamed in from the tier
         expansion += weights
         weights = min(buffer, weights) if par.zero < 3 else buffer
@@ -195,12 +273,16 @@ def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
         resident = min(per_layer, layer_acts)
         expansion += layer_acts - resident
         layer_acts = resident
-    return _Stage(weights, grads, optimizer, layer_acts + fixed_acts, expansion)
+    return _Stage(weights, grads, optimizer, layer_acts + fixed_acts, expansion, experts,
+                  dispatcher_buffer_bytes(model, par))
 
 
 def _hbm_reason(stage: _Stage, workspace: float, capacity_GB: float, where: str) -> str:
     parts = (("weights", stage.weights), ("gradients", stage.gradients), ("optimizer", stage.optimizer),
-             ("activations", stage.activations), ("workspace", workspace))
+             ("expert weights", stage.experts[0]), ("expert gradients", stage.experts[1]),
+             ("expert optimizer", stage.experts[2]), ("activations", stage.activations),
+             ("moe dispatch", stage.dispatch), ("workspace", workspace))
+    parts = tuple((n, v) for n, v in parts if v or not n.startswith(("expert", "moe")))
     listed = ", ".join(f"{name} {value / GB:.1f}" for name, value in parts)
     return (f"needs {stage.hbm(workspace) / GB:.1f} GB per GPU{where} ({listed}) "
             f"but HBM holds {capacity_GB:g} GB")
@@ -219,9 +301,13 @@ def _expansion_reason(par: ParallelConfig, cluster: ClusterSpec, expansion: floa
 
 def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
     """HBM footprint per GPU of the worst pipeline stage, and whether it fits. `par` is resolved.
-    Only the first and last stages can be the worst: middle stages hold fewer in-flight micro-batches
-    than the first and neither the embedding nor the output layer."""
-    stages = sorted({0, par.pp - 1})
+    With an even split only the first and last stages can be the worst (middle stages hold fewer
+    in-flight micro-batches than the first and neither the embedding nor the output layer); an uneven
+    split moves layers off those two, so the second stage is checked too. MoE models place dense and
+    expert layers unevenly over the stages: every stage is checked."""
+    stages = sorted({0, min(1, par.pp - 1), par.pp - 1} if par.uneven else {0, par.pp - 1})
+    if model.moe is not None:
+        stages = list(range(par.pp))
     workspace = cluster.workspace_GB * GB
     per_stage = [_stage_memory(model, par, s) for s in stages]
     worst_index = max(range(len(stages)), key=lambda i: per_stage[i].hbm(workspace))
@@ -238,4 +324,6 @@ def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec)
     return MemoryEstimate(
         weights_GB=worst.weights / GB, gradients_GB=worst.gradients / GB, optimizer_GB=worst.optimizer / GB,
         activations_GB=worst.activations / GB, workspace_GB=cluster.workspace_GB, expansion_GB=expansion / GB,
-        total_GB=worst.hbm(workspace) / GB, capacity_GB=capacity, fits=not reason, reason=reason)
+        total_GB=worst.hbm(workspace) / GB, capacity_GB=capacity, fits=not reason, reason=reason,
+        expert_weights_GB=worst.experts[0] / GB, expert_gradients_GB=worst.experts[1] / GB,
+        expert_optimizer_GB=worst.experts[2] / GB, moe_dispatch_GB=worst.dispatch / GB)

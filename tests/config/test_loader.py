@@ -55,7 +55,7 @@ def test_wrong_type_and_enum(tmp_path):
     with pytest.raises(ConfigError, match="layers: must be an integer, got 'two'"):
         load_model(p)
     p = write(tmp_path, "name: m\nlayers: 2\nhidden: 64\nheads: 4\nvocab: 100\nseq_len: 8\nactivation: relu\n")
-    with pytest.raises(ConfigError, match="activation: must be one of gelu, swiglu, got 'relu'"):
+    with pytest.raises(ConfigError, match="activation: must be one of gelu, swiglu, geglu, squared_relu, got 'relu'"):
         load_model(p)
 
 

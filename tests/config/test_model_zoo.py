@@ -10,7 +10,7 @@ import pytest
 
 from comet.config.loader import load
 from comet.config.model import Activation, ModelSpec, load_model, zoo_names
-from comet.errors import ConfigError, UnsupportedError
+from comet.errors import ConfigError
 
 PUBLISHED = Path(__file__).resolve().parents[2] / ".." / "shared" / "calibration" / "published.csv"
 MOE = {"mixtral_8x7b"}
@@ -95,8 +95,6 @@ def test_unknown_model_name_is_a_config_error_listing_the_zoo():
         assert name in message
 
 
-def test_mixture_of_experts_file_parses_but_is_rejected():
-    spec = load(ModelSpec, _zoo_file("mixtral_8x7b"))
-    assert (spec.num_experts, spec.experts_per_token) == (8, 2)
-    with pytest.raises(UnsupportedError, match="not supported yet"):
-        load_model("mixtral_8x7b")
+def test_mixture_of_experts_file_loads_with_its_experts():
+    spec = load_model("mixtral_8x7b")
+    assert (spec.moe.num_experts, spec.moe.experts_per_token, spec.moe.expert_ffn_hidden) == (8, 2, 14336)

@@ -1,0 +1,189 @@
+"""Work shared by the candidates one process evaluates: bounded, content-keyed caches.
+
+A search evaluates thousands of candidates that differ in a few degrees (dp, global batch, network
+provisioning) while most of what a replay computes is the same: the transformer layer's blocks at a
+given tp / sp / cp slice, micro-batch, recompute and precision are identical op graphs, and their
+replay on the same durations is the same. Every cache here is keyed by the *content* that determines
+its value, never by where a value was first computed, so a hit returns exactly what a miss would
+compute (tests/replay/test_cache.py checks this on random candidates):
+
+- block signature: the block's ops (every field, frozen dataclasses) and edges (with their data);
+- op durations of a block: (block signature, cluster content, precision) -> durations in node order;
+- block replay: (block signature, durations, overlap slowdown) -> duration and exposure parts. Two
+  clusters that differ only where a block does not look (e.g. the scale-out bandwidth for a block whose
+  collectives stay inside a node) give equal durations, so that block is replayed once for both.
+
+Caches are LRU-bounded (a few MB) and live per process (per Ray worker). `clear()` empties them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import lru_cache, wraps
+from typing import Any, Callable, Hashable
+
+# Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
+_BLOCK_ENTRIES = 4096
+_GRAPH_ENTRIES = 1024              # a StepGraph shares its blocks: a few KB of its own
+_BLOCK_SETS = 128                  # builder blocks of one configuration: ~100 KB
+
+
+class LRU:
+    """A dict bounded to `size` entries, least recently used evicted first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._d: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get_or(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        if not enabled:
+            return compute()
+        d = self._d
+        try:
+            value = d[key]
+        except KeyError:
+            self.misses += 1
+            value = d[key] = compute()
+            if len(d) > self.size:
+                d.popitem(last=False)
+            return value
+        self.hits += 1
+        d.move_to_end(key)
+        return value
+
+    def clear(self) -> None:
+        self._d.clear()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+enabled = True                      # False: every value computed afresh (see disabled())
+
+durations = LRU(_BLOCK_ENTRIES)     # (signature, cluster key, precision) -> tuple of op durations
+replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (duration, parts)
+compiled = LRU(256)                 # signature -> CompiledGraph (structure only; no durations)
+graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
+blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
+facts = LRU(64)                     # (question, object key) -> answer about a read-only input
+
+_memoized: list = []                # lru_cache'd structure functions registered by memoized()
+
+_signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_cluster_keys: dict[int, tuple[Any, str]] = {}
+
+
+class Signature:
+    """A hashable value with its hash computed once (a block's content is a few hundred fields)."""
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple):
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Signature) and self._hash == other._hash and self.value == other.value
+
+
+def block_signature(g) -> Signature:
+    """Everything of a block graph that its replay reads: node ids and ops (every field) in insertion
+    order, edges with their data. Computed once per graph object (blocks are not modified once built)."""
+    sig = _signatures.get(g)
+    if sig is None:
+        sig = Signature((tuple(g.nodes(data="op")),
+                         tuple((u, v, tuple(sorted(d.items()))) for u, v, d in g.edges(data=True))))
+        _signatures[g] = sig
+    return sig
+
+
+def cluster_key(cluster) -> str:
+    """The cluster's full content (frozen dataclasses: their repr lists every field). Memoized per
+    object; the object is held so its id cannot be reused while the entry lives."""
+    hit = _cluster_keys.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    key = repr(cluster)
+    if len(_cluster_keys) >= 256:
+        _cluster_keys.clear()
+    _cluster_keys[id(cluster)] = (cluster, key)
+    return key
+
+
+def block_config(par):
+    """The parallel configuration with what only the pipeline plan and stage sync read blanked out:
+    the global batch (micro-batch count), the GPU count, the pipeline shape (pp, vpp, schedule) and,
+    below ZeRO-3, dp (layer blocks hold DP collectives only under ZeRO-3; comet/workload/layers.py).
+    Candidates of a search that differ in these share their blocks. tests/replay/test_cache.py checks on random configurations that equal
+    keys build equal blocks, so a builder that starts to read one of these fields fails it."""
+    return replace(par, global_batch=1, gpus=None, dp=par.dp if par.zero >= 3 else None, pp=1, vpp=1,
+                   schedule=None)
+
+
+def object_key(obj) -> tuple:
+    """Identity key of a large read-only input (a study's base graph): the object is held by the
+    key, so its id is not reused while a cache entry lives."""
+    return (id(obj), _Held(obj))
+
+
+class _Held:
+    """Holds a reference; equal to any other _Held (the id beside it carries the identity)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Held)
+
+
+def memoized(maxsize: int):
+    """functools.lru_cache for pure functions of hashable structure (schedule shapes), emptied by
+    clear() and bypassed by disabled()."""
+    def wrap(fn):
+        shared = lru_cache(maxsize=maxsize)(fn)
+        _memoized.append(shared)
+
+        @wraps(fn)
+        def call(*args):
+            return shared(*args) if enabled else fn(*args)
+        call.cache_clear = shared.cache_clear
+        return call
+    return wrap
+
+
+@contextmanager
+def disabled():
+    """Evaluate without any sharing: the reference the caches are tested against."""
+    global enabled
+    before, enabled = enabled, False
+    try:
+        yield
+    finally:
+        enabled = before
+
+
+def clear() -> None:
+    """Empty every cache (tests; a cold-start benchmark)."""
+    for c in (durations, replays, compiled, graphs, blocks, facts):
+        c.clear()
+    for fn in _memoized:
+        fn.cache_clear()
+    _signatures.clear()
+    _cluster_keys.clear()
+
+
+def stats() -> dict[str, tuple[int, int, int]]:
+    """{cache: (entries, hits, misses)}."""
+    return {name: (len(c), c.hits, c.misses) for name, c in
+            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks))}

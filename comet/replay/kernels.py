@@ -1,0 +1,166 @@
+"""Compiled inner loops of the step replay (numba when installed; callers keep a numpy fallback).
+
+The static-order pipeline schedule is a DAG whose longest path is the step: a task ends at
+max(its stage's previous task, the task it waits for on another stage, its release) + duration.
+`longest_path` visits every task once, in an order that respects both kinds of dependencies: each
+stage advances as far as its cross-stage inputs allow, round-robin over stages (Kahn's algorithm
+specialised to one chain per stage, sweeping down then up). The arithmetic per task is the event engine's (`max` then `+`),
+so with overlap slowdown off the end times are bit-identical to replaying every op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is optional: without it the pipeline solver uses vectorised numpy (comet/replay/pipeline.py)
+    from numba import njit
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised where numba is not installed
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):
+        def wrap(fn):
+            return fn
+        return wrap if not (args and callable(args[0])) else args[0]
+
+
+@njit(cache=True, nogil=True)
+def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: np.ndarray):
+    """End time of every task, and whether every task could be scheduled (False: a dependency cycle).
+    src[i] = global index of the task i waits for on another stage (n: none); stage s owns
+    [offset[s], offset[s+1])."""
+    n = dur.shape[0]
+    pp = offset.shape[0] - 1
+    end = np.zeros(n + 1)
+    done = np.zeros(n + 1, dtype=np.bool_)
+    done[n] = True
+    ptr = offset[:-1].copy()
+    left = n
+    down = True
+    while left > 0:
+        progressed = False
+        for k in range(pp):
+            s = k if down else pp - 1 - k      # forwards flow down the pipeline, backwards up
+            i = ptr[s]
+            hi = offset[s + 1]
+            prev = end[i - 1] if i > offset[s] else 0.0
+            while i < hi and done[src[i]]:
+                t = end[src[i]]
+                if release[i] > t:
+                    t = release[i]
+                if prev > t:
+                    t = prev
+                prev = t + dur[i]
+                end[i] = prev
+                done[i] = True
+                i += 1
+            if i != ptr[s]:
+                left -= i - ptr[s]
+                ptr[s] = i
+                progressed = True
+        if not progressed:
+            return end[:n], False
+        down = not down
+    return end[:n], True
+
+
+@njit(cache=True, nogil=True)
+def serial_stream(ready: np.ndarray, dur: np.ndarray, t0: float) -> np.ndarray:
+    """End times of ops run one after another on one stream in ready order (stable), each starting no
+    earlier than its ready time nor t0. Same arithmetic as the event engine."""
+    order = np.argsort(ready, kind="mergesort")
+    ends = np.empty(ready.shape[0])
+    t = t0
+    for k in range(order.shape[0]):
+        i = order[k]
+        if ready[i] > t:
+            t = ready[i]
+        t = t + dur[i]
+        ends[k] = t
+    return ends
+
+
+@njit(cache=True, nogil=True)
+def pipeline_tasks(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, f_dur: np.ndarray,
+                   b_dur: np.ndarray, f_release: np.ndarray):
+    """The whole task level in one pass: each stage's task order (schedule.all_stage_tasks, element by
+    element: warm-up forwards, 1F1B pairs, drain), the cross-stage dependencies, and the end times
+    (as longest_path). Returns the StagePrograms arrays (phase, chunk, mb, dur, src, release), the end
+    times, the global index of the last backward of every (stage, chunk), and whether every task was
+    scheduled (False: a dependency cycle)."""
+    per = 2 * m * vpp
+    n = pp * per
+    total = m * vpp
+    last_vs = pp * vpp - 1
+    phase = np.empty(n, dtype=np.int64)
+    chunk = np.empty(n, dtype=np.int64)
+    mb = np.empty(n, dtype=np.int64)
+    src = np.empty(n, dtype=np.int64)
+    dur = np.empty(n)
+    release = np.zeros(n)
+    end = np.empty(n)
+    pos = np.full((pp, 2, vpp, m), -1, dtype=np.int64)     # (stage, phase, chunk, mb) -> global index
+    ptr = np.zeros(pp, dtype=np.int64)
+    prev = np.zeros(pp)
+    left = n
+    down = True
+    while left > 0:
+        progressed = False
+        for k in range(pp):
+            s = k if down else pp - 1 - k
+            j = ptr[s]
+            w = warm[s]
+            while j < per:
+                if j < w:
+                    fwd, index = True, j
+                elif j < 2 * total - w:
+                    q = j - w
+                    if q % 2 == 0:
+                        fwd, index = True, w + q // 2
+                    else:
+                        fwd, index = False, q // 2
+                else:
+                    fwd, index = False, j - total
+                if interleaved:                           # Megatron get_model_chunk_id / microbatch id
+                    group = index // (pp * vpp)
+                    in_group = index % (pp * vpp)
+                    c = in_group // pp if fwd else vpp - 1 - in_group // pp
+                    b = group * pp + in_group % pp
+                else:
+                    c, b = 0, index
+                ph = 0 if fwd else 1
+                vs = c * pp + s
+                sv = vs - 1 if fwd else vs + 1
+                t = 0.0
+                sidx = n
+                if sv >= 0 and sv <= last_vs:
+                    sidx = pos[sv % pp, ph, sv // pp, b]
+                    if sidx < 0:
+                        break                              # its input is not computed yet
+                    t = end[sidx]
+                g = s * per + j
+                if fwd and b == 0:
+                    release[g] = f_release[s, c]
+                    if release[g] > t:
+                        t = release[g]
+                if prev[s] > t:
+                    t = prev[s]
+                d = f_dur[s, c] if fwd else b_dur[s, c]
+                prev[s] = t + d
+                end[g] = prev[s]
+                dur[g] = d
+                src[g] = sidx
+                phase[g] = ph
+                chunk[g] = c
+                mb[g] = b
+                pos[s, ph, c, b] = g
+                j += 1
+            if j != ptr[s]:
+                left -= j - ptr[s]
+                ptr[s] = j
+                progressed = True
+        if not progressed:
+            break
+        down = not down
+    last_b = pos[:, 1, :, m - 1].copy()
+    return phase, chunk, mb, dur, src, release, end, last_b, left == 0

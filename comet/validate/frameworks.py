@@ -1,0 +1,101 @@
+"""What a measurement row means where its cells are empty: each training framework's documented defaults.
+
+An empty cell in a measurement CSV (schema: ../shared/calibration/SCHEMA.md) means "the source does not
+say". comet fills it with the default of the row's `framework` (and, for Megatron-LM, the generation its
+`framework_version` names), else with a generic default, and reports every filled cell as an assumption.
+Explicit cells always win. No default is chosen by looking at the `source` text.
+
+Sources of the defaults:
+- Megatron-LM / Megatron-Core `megatron/training/arguments.py`: micro-batch 1, no distributed optimizer
+  (ZeRO 0), no sequence parallelism, no --overlap-grad-reduce / --overlap-param-gather /
+  --tp-comm-overlap, no recompute, TE fused attention, gradients accumulated and reduced in FP32
+  (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp.
+- Megatron-LM of the 2021-2022 papers (Narayanan SC21, Korthikanti MLSys23, both on A100): fp16 mixed
+  precision, unfused softmax attention, no distributed optimizer, grad all-reduce after the backward
+  ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3).
+- NeMo (Framework Launcher configs, NeMo 2 performance recipes) and Megatron-Bridge perf recipes on
+  Megatron-Core: distributed optimizer (ZeRO 1), sequence parallelism with TP, overlapped grad reduce
+  and param gather, TP communication overlap (userbuffers; every H100 recipe sets tp_comm_overlap),
+  gradients reduced in BF16 (`grad_reduce_in_fp32: false` / `grad_sync_dtype: bf16`), micro-batch 1.
+- torchtitan (`torchtitan/config/job_config.py`): FSDP2 (ZeRO 3), selective activation checkpointing,
+  `mixed_precision_reduce = float32`, FSDP2 prefetches the next module's all-gather, no vocab padding,
+  SDPA flash attention, sequence parallel with TP.
+- llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
+  FSDP default), bf16, flash attention, no vocab padding (MPT configs already pad to 50368).
+- MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash.
+- DeepSpeed ZeRO-3 as used in SC21 Table 2 (Megatron-DeepSpeed): fp16, unfused attention, activation
+  checkpointing of every layer (`--checkpoint-activations`, as in Megatron-DeepSpeed's GPT scripts).
+- Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP.
+- Generic (framework empty or unknown): comet's ParallelConfig defaults.
+FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class FrameworkDefaults:
+    key: str
+    micro_batch: int = 1
+    precision: str = "bf16"
+    flash_attention: bool = True
+    zero: int = 1
+    fsdp: bool = False
+    sequence_parallel: bool | None = None    # None: on whenever tp > 1
+    recompute: str = "none"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    overlap_tp_comm: bool = False
+    grad_dtype: str = "fp32"                 # dtype gradients are accumulated and reduced in
+    vocab_pad_to: int = 128                  # Megatron make_vocab_size_divisible_by; 1 = none
+    flops_formula: str = "megatron_model"    # how its TFLOP/s / MFU figures count FLOPs
+    fp8_recipe: str = "delayed"
+    dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
+                                             # torchtitan, MaxText and MPT configs train with dropout 0
+    notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
+
+
+_MEGATRON_CORE = FrameworkDefaults(
+    "megatron-lm", zero=0, sequence_parallel=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
+    notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
+           "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
+_MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
+                         notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
+                                "flash_attention": "before flash attention: unfused softmax kernels"})
+_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16",
+                          notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
+                                 "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})
+
+FRAMEWORKS: dict[str, FrameworkDefaults] = {
+    "megatron-lm": _MEGATRON_CORE,
+    "nemo": _NEMO,
+    "megatron-bridge": replace(_NEMO, key="megatron-bridge"),
+    "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
+                                    flops_formula="palm_6n"),
+    "automodel": FrameworkDefaults("automodel", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
+    "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, overlap_param_gather=False, vocab_pad_to=1,
+                                     flops_formula="llm_foundry"),
+    "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
+    "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
+                                   sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
+                                   flops_formula="narayanan_eq3"),
+    "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
+}
+GENERIC = FrameworkDefaults("generic")
+
+
+def _year(version: str) -> int | None:
+    m = re.search(r"\b(20\d\d)\b", version)
+    return int(m.group(1)) if m else None
+
+
+def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
+    """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
+    that generation (fp16, unfused attention)."""
+    if framework == "megatron-lm":
+        year = _year(version)
+        return _MEGATRON_2021 if year is not None and year <= 2022 else _MEGATRON_CORE
+    return FRAMEWORKS.get(framework, GENERIC)

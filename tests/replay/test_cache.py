@@ -1,0 +1,161 @@
+"""The replay's shared work is invisible in results: cached evaluation equals uncached evaluation
+exactly on random candidates (configuration x provisioned cluster), blocks shared by block_config are
+the blocks the builder would build, and the compiled pipeline solver equals the numpy one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from comet.config.model import Activation, ModelSpec
+from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
+from comet.errors import ConfigError
+from comet.evaluate import evaluate
+from comet.replay import cache
+from comet.replay.kernels import HAVE_NUMBA
+from comet.replay.pipeline import build_programs, solve, solve_numpy
+from comet.search.context import apply_provisioning
+from comet.workload.builder import build_blocks, build_step_graph
+
+MODELS = {
+    "tiny": ModelSpec(name="tiny", layers=8, hidden=512, heads=8, vocab=4096, seq_len=256),
+    "gqa": ModelSpec(name="gqa", layers=8, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816, activation=Activation.SWIGLU,
+                     vocab=8000, seq_len=512, tied_embeddings=False),
+}
+
+configs = st.fixed_dictionaries({
+    "model": st.sampled_from(sorted(MODELS)),
+    "tp": st.sampled_from([1, 2, 4]),
+    "pp": st.sampled_from([1, 2, 4]),
+    "cp": st.sampled_from([1, 1, 2]),
+    "gpus": st.sampled_from([8, 16, 32]),
+    "micro_batch": st.sampled_from([1, 2]),
+    "global_batch": st.sampled_from([16, 32, 64]),
+    "recompute": st.sampled_from(list(Recompute)),
+    "zero": st.sampled_from([0, 1, 2, 3]),
+    "schedule": st.sampled_from(list(Schedule)),
+    "vpp": st.sampled_from([1, 2]),
+    "precision": st.sampled_from([Precision.BF16, Precision.FP8]),
+    "flash_attention": st.booleans(),
+    "overlap_tp_comm": st.booleans(),
+    "overlap_grad_reduce": st.booleans(),
+    "offload": st.sampled_from([(), (OffloadTarget.OPTIMIZER,), (OffloadTarget.ACTIVATIONS,)]),
+})
+provisions = st.fixed_dictionaries({
+    "scaleup_size": st.sampled_from([4, 8]),
+    "scaleout_bandwidth_GBps": st.sampled_from([25.0, 50.0]),
+    "expansion_GB": st.sampled_from([0, 512]),
+    "expansion_bandwidth_GBps": st.just(100.0),
+})
+
+
+def _par(cfg: dict) -> tuple[ModelSpec, ParallelConfig]:
+    cfg = dict(cfg)
+    return MODELS[cfg.pop("model")], ParallelConfig(**cfg)
+
+
+def _same(a, b) -> None:
+    da, db = dataclasses.asdict(a), dataclasses.asdict(b)
+    assert da == db or (da["status"] == db["status"] and _nan_equal(da, db)), (da, db)
+
+
+def _nan_equal(da: dict, db: dict) -> bool:
+    return all(x == y or (isinstance(x, float) and isinstance(y, float) and x != x and y != y)
+               for x, y in zip(da.values(), db.values())) and da.keys() == db.keys()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cands=st.lists(st.tuples(configs, provisions), min_size=3, max_size=6))
+def test_cached_evaluation_equals_uncached_on_random_candidates(cands, h100):
+    # warm the caches with the whole list first, so later candidates hit blocks / durations / replays
+    # that earlier (different) candidates left behind
+    cache.clear()
+    clusters = [apply_provisioning(h100, prov) for _, prov in cands]
+    for (cfg, _), cluster in zip(cands, clusters):
+        model, par = _par(cfg)
+        evaluate(model, cluster, par)
+    for (cfg, _), cluster in zip(cands, clusters):
+        model, par = _par(cfg)
+        cached = evaluate(model, cluster, par)
+        with cache.disabled():
+            reference = evaluate(model, cluster, par)
+        _same(cached, reference)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs, prov=provisions, base_cfg=configs)
+def test_plain_built_base_equals_the_transform(cfg, prov, base_cfg, h100):
+    # evaluate() builds a candidate directly when the base is an untimed builder graph; the reference
+    # (caches disabled) transforms the base as before
+    model, par = _par(cfg)
+    base_model, base_par = _par(dict(base_cfg, model=cfg["model"]))
+    try:
+        base = build_step_graph(model, base_par.resolve(base_model))
+    except ConfigError:
+        return
+    cluster = apply_provisioning(h100, prov)
+    cached = evaluate(model, cluster, par, base=base)
+    with cache.disabled():
+        reference = evaluate(model, cluster, par, base=base)
+    _same(cached, reference)
+
+
+def _signatures(blocks: dict) -> dict:
+    return {k: cache.block_signature(g) for k, g in blocks.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=configs, b=configs)
+def test_equal_block_config_builds_equal_blocks(a, b):
+    # the fields block_config() blanks out (global batch, gpus, pp, vpp, schedule, dp below ZeRO-3) must
+    # not change a block: a builder that starts reading one of them fails here
+    b = dict(a, **{k: b[k] for k in ("gpus", "global_batch", "pp", "vpp", "schedule", "overlap_grad_reduce")})
+    (model, pa), (_, pb) = _par(a), _par(b)
+    try:
+        ra, rb = pa.resolve(model), pb.resolve(model)
+    except ConfigError:
+        return
+    if cache.block_config(ra) != cache.block_config(rb):
+        return
+    assert _signatures(build_blocks(model, ra)) == _signatures(build_blocks(model, rb))
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),
+                                               ("1f1b", 8, 1, 3), ("interleaved_1f1b", 2, 3, 4), ("1f1b", 1, 1, 4)])
+def test_compiled_solver_equals_numpy_sweeps(schedule, pp, vpp, m):
+    rng = np.random.default_rng(pp * 100 + vpp * 10 + m)
+    f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
+    release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
+    prog = build_programs(schedule, pp, vpp, m, f, b, release)
+    np.testing.assert_allclose(solve(prog), solve_numpy(prog), rtol=1e-12, atol=0)
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed: the numpy solver is the only one")
+def test_compiled_solver_reports_a_cycle():
+    prog = build_programs("1f1b", 2, 1, 2, np.ones((2, 1)), np.ones((2, 1)))
+    bad = dataclasses.replace(prog, src=prog.src.copy())
+    bad.src[0] = 1                       # stage 0's first forward waits for a later task of its own chain
+    with pytest.raises(Exception, match="did not converge"):
+        solve(bad)
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),
+                                               ("1f1b", 8, 1, 3), ("interleaved_1f1b", 2, 3, 4), ("1f1b", 1, 1, 4),
+                                               ("interleaved_1f1b", 4, 1, 6), ("interleaved_1f1b", 3, 2, 6)])
+def test_one_pass_pipeline_equals_programs_then_solve(schedule, pp, vpp, m):
+    from comet.replay.pipeline import last_backward, run
+    rng = np.random.default_rng(pp * 1000 + vpp * 10 + m)
+    f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
+    release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
+    ref = build_programs(schedule, pp, vpp, m, f, b, release)
+    prog, end = run(schedule, pp, vpp, m, f, b, release)
+    for name in ("phase", "chunk", "mb", "dur", "src", "release", "offset"):
+        np.testing.assert_array_equal(getattr(prog, name), getattr(ref, name), err_msg=name)
+    np.testing.assert_array_equal(prog.last_b, last_backward(schedule, pp, vpp, m))
+    if HAVE_NUMBA:
+        np.testing.assert_array_equal(end, solve(ref))            # the same arithmetic, bit for bit
+    np.testing.assert_allclose(end, solve_numpy(ref), rtol=1e-12, atol=0)
