@@ -158,7 +158,7 @@ def _front_table(outcome, space, top: int | None) -> Table:
     rows = top_per_objective(merged, space, top) if top else sort_by(merged, space.objectives[0], space.objectives)
     varying = [c for c in cluster_columns(outcome.frame) if c != "gpus"]
     what = f"each objective's best {top}" if top else "whole front"
-    table = Table(title=f"Pareto front: {len(outcome.front)} designs, {len(merged)} distinct ({what})",
+    table = Table(title=f"Pareto set: {len(outcome.front)} designs, {len(merged)} distinct ({what})",
                   show_lines=True)
     table.add_column("design (cluster | layout)", ratio=3, overflow="fold")
     cols = [o.column for o in space.objectives] + [c for c in ("step_time_s", "mfu") if c not in

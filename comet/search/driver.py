@@ -335,15 +335,20 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
         while executor.in_flight:
             for cand, result, attempts in executor.wait():
                 state.record(cand, result, attempts)
+        first_ask: set[str] = set()
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
             if out_ is None:        # told by the killed run before it died
-                counted += not trial.user_attrs.get("pruned")
+                counted += bool(trial.user_attrs.get("counted"))
             elif isinstance(out_, Pruned):
                 proposer.tell(trial, None, 1.0, out_.reason)
             else:
                 row = state.row(out_.key)
-                proposer.tell(trial, row, res_io.constraint_violation(row, space), row.get("reason", ""))
-                counted += 1
+                new = out_.key in todo and out_.key not in first_ask   # a duplicate does not count
+                first_ask.add(out_.key)
+                proposer.tell(trial, row if row.get("status") == "ok" else None,
+                              res_io.constraint_violation(row, space), row.get("reason", ""), counted=new,
+                              duplicate_of=None if new else out_.key)
+                counted += new
 
 
 # ----------------------------------------------------------------------------- outputs

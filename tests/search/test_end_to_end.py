@@ -37,7 +37,7 @@ def test_cli_tiny_serial(tmp_path, capsys):
     code = main(["search", str(TINY), "--executor", "serial", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
-    assert f"results: {tmp_path}" in out and "Pareto front" in out
+    assert f"results: {tmp_path}" in out and "Pareto set" in out
     df = pd.read_parquet(tmp_path / "candidates.parquet")
     assert len(df) > 0 and (df["status"] == "ok").any()
     ok = df[df["status"] == "ok"]
