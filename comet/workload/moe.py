@@ -33,7 +33,7 @@ from comet.config.moe import Dispatcher
 from comet.config.parallel import ParallelConfig, Precision
 from comet.graph.ir import Collective, GroupKind, KernelClass, Op, OpKind
 from comet.workload import layers
-from comet.workload.layers import ACT_BYTES, BlockBuilder, Deps, Dims
+from comet.workload.layers import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims
 
 FP8_SAVED_BYTES = 1        # FP8 GEMM inputs saved for backward (Transformer Engine)
 ROUTER_LOGIT_BYTES = 4      # router logits / probabilities kept in fp32 (Megatron-Core router: float32 softmax)
@@ -63,9 +63,11 @@ def dispatch_bytes(model: ModelSpec, par: ParallelConfig) -> float:
 def _grouped_gemm(bb: BlockBuilder, name: str, m: float, n: int, k: float, experts: int, deps: Deps) -> int:
     """`experts` GEMMs of m x n x k each as one grouped kernel (TE/CUTLASS grouped GEMM). Small per-expert
     shapes pay their wave-quantization and k-loop overheads in the GEMM model; FP8 applies to it as to
-    the dense GEMMs."""
+    the dense GEMMs, with the same fused cast + transpose of the m x k operand (not for the wgrad)."""
     m_i, k_i = max(1, round(m)), max(1, round(k))
     fp8 = bb.par.precision is Precision.FP8
+    if fp8 and not name.endswith(".wgrad"):   # TE GroupedLinear: fused multi cast + transpose, as BlockBuilder.gemm
+        deps = [bb.memory(f"{name}.fp8_cast_transpose", m_i * k_i * experts * (ACT_BYTES + 2 * FP8_BYTES), deps)]
     return bb._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m_i, n, k_i, experts),
                       flops=2.0 * m_i * n * k_i * experts, dtype_bytes=1 if fp8 else 2, phase=bb.phase), deps)
 
