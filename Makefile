@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench validate clean fuzz kill-check
+.PHONY: run test bench validate trace-check clean fuzz kill-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ kill-check: $(STAMP)
 
 validate: $(STAMP)
 	$(BIN)/comet validate
+
+# Real A -> B evidence (not part of `make test`): comet grounded in the recorded CPU trace of configuration A
+# predicts the measured step time of configuration B (comet/trace/ab_check.py, docs/traces.md).
+trace-check: $(STAMP)
+	$(BIN)/python -m comet.trace.ab_check
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

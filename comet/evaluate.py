@@ -112,6 +112,8 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
                  breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))
     res.extra["critical_stage"] = rep.critical_stage
+    if mem.tight:   # over the nominal HBM, inside the fit margin (comet.workload.memory.FIT_MARGIN)
+        res.extra["memory_tight"] = True
     if job is not None:
         res.extra["time_to_train_s"] = job.total_tokens / res.tokens_per_s
     if timeline:

@@ -39,6 +39,15 @@ def register(sub) -> None:
     p.add_argument("--dp", type=positive_int)
     p.add_argument("--cp", type=positive_int, help="context parallel size (default 1)")
     p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
+    p.add_argument("--pp-first-stage-layers", type=positive_int, help="uneven pipeline: layers on the first stage")
+    p.add_argument("--pp-last-stage-layers", type=positive_int, help="uneven pipeline: layers on the last stage")
+    p.add_argument("--pp-embedding-as-layer", action="store_const", const=True,
+                   help="count the embedding as one layer in the pipeline split (Megatron-Core)")
+    p.add_argument("--pp-loss-as-layer", action="store_const", const=True,
+                   help="count the loss as one layer in the pipeline split (Megatron-Core)")
+    p.add_argument("--overlap-p2p-comm", action="store_const", const=True,
+                   help="interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)")
+    p.add_argument("--grad-dtype", choices=["fp32", "bf16"], help="gradient reduce dtype (default fp32)")
     p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
     p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
     p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")
@@ -64,6 +73,10 @@ def register(sub) -> None:
     p.add_argument("--offload", action="append", choices=[x.value for x in OffloadTarget],
                    help="offload to the cluster's memory expansion tier (repeatable)")
     p.add_argument("--total-tokens", type=positive_float, help="training tokens, for time-to-train")
+    p.add_argument("--base-trace", metavar="PATH", help="ground the estimate in a profiler trace of an LLM step "
+                   "(Kineto + ET): its measured ops, re-timed to this configuration (docs/traces.md)")
+    p.add_argument("--trace-cluster", metavar="SPEC.yaml", help="cluster spec the --base-trace was measured on "
+                   "(default: --cluster)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object for every outcome (ok, infeasible, bad input)")
     p.add_argument("-o", "--output", metavar="FILE.{json,csv}", help="also write the result to a JSON or CSV file")
@@ -153,7 +166,14 @@ def _run(a) -> int:
         raise ConfigError(f"must be a number > 0, got {total_tokens!r}", source=a.config, field="total_tokens")
     par = resolve(model, cluster, parallel_config(req, source=source))   # a broken rule is bad input: exit 2
     job = JobSpec(total_tokens=total_tokens) if total_tokens else None
-    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False)
+    base = None
+    if a.base_trace:     # per-op grounding in a measured trace (comet/trace/ground.py)
+        from comet.trace.ground import ground_for
+        base, report = ground_for(a.base_trace, model, load_cluster(a.trace_cluster) if a.trace_cluster else cluster)
+        if not a.json:
+            print("; ".join([report.line()] + report.notes))
+    res = evaluate(model, cluster, par, job, timeline=("ops" if a.timeline_ops else True) if a.timeline else False,
+                   base=base)
     if not res.feasible:
         res.extra["remedies"] = nearest_feasible(model, cluster, par, job)
     timeline_path = None
@@ -222,6 +242,10 @@ def _print_tables(model, cluster, par, res, timeline_path) -> None:
             ("memory per GPU", f"{res.memory_gb_per_gpu:.1f} GB of {cluster.gpu.hbm_GB:g} GB")]
     if "time_to_train_s" in res.extra:
         rows.append(("time to train", f"{res.extra['time_to_train_s'] / 86400:.1f} days"))
+    from comet.validate.uncertainty import band_for   # expected error from the validation residuals
+    band = band_for(model, par)
+    if band is not None:
+        rows.append(("expected error (time metrics)", str(band)))
     for k, v in rows:
         t.add_row(k, v)
     con.print(t)

@@ -82,6 +82,7 @@ def check_expert_parallel(par, model) -> None:
              f"model {model.name} has no experts: ep and etp must be 1, got ep={par.ep}, etp={par.etp}")
         return
     etp = par.expert_tp
+    rule(etp >= 1, "etp", f"must be >= 1, got {etp}")
     rule(moe.num_experts % par.ep == 0, "ep",
          f"num_experts ({moe.num_experts}) must be divisible by ep ({par.ep})")
     rule(moe.expert_ffn_hidden % etp == 0, "etp",
@@ -89,6 +90,9 @@ def check_expert_parallel(par, model) -> None:
     if moe.shared_ffn_hidden:
         rule(moe.shared_ffn_hidden % par.tp == 0, "tp",
              f"shared expert ffn ({moe.shared_ffn_hidden}) must be divisible by tp ({par.tp})")
+    rule(not (par.ep > 1 and par.tp > 1 and not par.sp), "sequence_parallel",
+         f"expert parallelism (ep={par.ep}) with tensor parallelism (tp={par.tp}) needs sequence parallelism "
+         "(Megatron-Core arguments.py)")
     dense_ranks = par.tp * par.cp * par.dp
     rule(dense_ranks % (etp * par.ep) == 0, "ep",
          f"etp*ep = {etp}*{par.ep} = {etp * par.ep} must divide the ranks of a pipeline stage "
@@ -96,6 +100,6 @@ def check_expert_parallel(par, model) -> None:
     rule(par.moe_capacity_factor is None or par.moe_capacity_factor > 0, "moe_capacity_factor",
          f"must be > 0 (or unset for dropless), got {par.moe_capacity_factor}")
     rule(par.moe_imbalance >= 1.0, "moe_imbalance",
-         f"is the busiest expert's load over the mean load, must be >= 1, got {par.moe_imbalance}")
+         f"is the busiest EP rank's routed tokens over the mean, must be >= 1, got {par.moe_imbalance}")
     rule(par.moe_imbalance <= par.ep, "moe_imbalance",
          f"is the busiest EP rank's routed tokens over the mean, at most ep ({par.ep}), got {par.moe_imbalance}")

@@ -15,6 +15,7 @@ from comet import cost
 from comet.config.cluster import ClusterSpec, MemoryTier
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import ConfigError
 from comet.result import CandidateStatus, Result
@@ -22,7 +23,7 @@ from comet.result import CandidateStatus, Result
 # Canonical order of provisioning keys (columns, labels, keys).
 PROVISION_KEYS = ("hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_bandwidth_GBps", "scaleup_size",
                   "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale")
-_ENUMS = {"schedule": Schedule, "recompute": Recompute, "precision": Precision}
+_ENUMS = {"schedule": Schedule, "recompute": Recompute, "precision": Precision, "moe_dispatcher": Dispatcher}
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> P
 def parallel_dict(parallel: ParallelConfig) -> dict:
     d = dataclasses.asdict(parallel)
     for k, v in d.items():
-        if isinstance(v, (Schedule, Recompute, Precision)):
+        if isinstance(v, (Schedule, Recompute, Precision, Dispatcher)):
             d[k] = v.value
     d["offload"] = "+".join(t.value for t in parallel.offload) or "none"
     return d
@@ -181,7 +182,8 @@ def evaluate_candidate(ctx: EvalContext, cand: Candidate, timeline: bool = False
                       label=cand.parallel.label() if cand.parallel.dp else "", gpus=cand.parallel.gpus or 0)
     gpus = res.gpus or cand.parallel.gpus or 0
     if res.feasible:
-        res.extra.update(cost.run_costs(res.tokens_per_s, cluster, gpus, ctx.job, ctx.gpus_per_chassis))
+        res.extra.update(cost.run_costs(res.tokens_per_s, cluster, gpus, ctx.job, ctx.gpus_per_chassis,
+                                        cost.utilisation(res.breakdown, res.step_time_s)))
     else:  # no run to cost, but the cluster still has a price
         res.extra.update(capex_usd=cost.capex_usd(cluster, gpus, ctx.gpus_per_chassis),
                          power_kW=cost.power_W(cluster, gpus, ctx.gpus_per_chassis) / 1000.0)

@@ -50,7 +50,7 @@ def cluster_name(row, columns: Iterable[str] | None = None) -> str:
 
 def parallel_name(row) -> str:
     """The parallel layout of a row: tp8 pp8 dp16 mb1, selective recompute, ZeRO-1, bf16 [, offload x]."""
-    dims = [f"{k}{int(row[k])}" for k in ("tp", "pp", "dp", "cp", "vpp") if _get(row, k) is not None
+    dims = [f"{k}{int(row[k])}" for k in ("tp", "pp", "dp", "cp", "vpp", "ep", "etp") if _get(row, k) is not None
             and (k in ("tp", "pp", "dp") or int(row[k]) > 1)]
     if _get(row, "micro_batch") is not None:
         dims.append(f"mb{int(row['micro_batch'])}")

@@ -19,7 +19,7 @@ from comet.search.pareto import pareto_mask
 from comet.search.space import Direction, SearchSpace
 
 JOURNAL = "journal.jsonl"
-PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "sequence_parallel", "schedule", "micro_batch", "recompute",
+PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "ep", "etp", "sequence_parallel", "schedule", "micro_batch", "recompute",
                     "zero", "precision", "offload")
 METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tflops_per_gpu", "memory_gb_per_gpu")
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from comet.config.job import JobSpec
 from comet.config.loader import from_dict, positive, read_yaml
+from comet.config.moe import Dispatcher
 from comet.config.parallel import OffloadTarget, Precision, Recompute, Schedule
 from comet.errors import ConfigError
 
@@ -214,11 +215,17 @@ PARALLEL_AXES: dict[str, Callable] = {
     "recompute": _enum(Recompute), "zero": _zero, "precision": _enum(Precision), "offload": _offload,
     "overlap_grad_reduce": _bool, "overlap_param_gather": _bool, "overlap_tp_comm": _bool,
     "flash_attention": _bool,
+    # uneven pipelines (comet/config/stages.py): embedding / loss counted as layers, or first / last stage layers
+    "pp_embedding_as_layer": _bool, "pp_loss_as_layer": _bool,
+    "pp_first_stage_layers": _dp, "pp_last_stage_layers": _dp,
+    # mixture of experts (comet/config/moe.py)
+    "ep": _num(int, 0), "etp": _num(int, 0), "moe_dispatcher": _enum(Dispatcher),
+    "moe_capacity_factor": _num(float, 0), "moe_imbalance": _num(float, 1, strict=False), "moe_overlap_a2a": _bool,
 }
 _NUMERIC = {"gpus", "hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_bandwidth_GBps", "scaleup_size",
             "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale",
-            "tp", "pp", "cp", "vpp", "micro_batch", "zero"}
-_INTEGER = {"gpus", "scaleup_size", "tp", "pp", "cp", "vpp", "micro_batch", "zero"}
+            "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp", "moe_capacity_factor", "moe_imbalance"}
+_INTEGER = {"gpus", "scaleup_size", "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp"}
 MAX_BATCH = 10_000       # Optuna trials asked per round
 TOP_KEYS = ("study", "model", "base", "job", "cluster", "parallel", "objectives", "constraints", "method",
             "budget", "seed", "batch", "timelines")
@@ -328,9 +335,7 @@ def _parse_base(data: Any, source: str) -> BaseTrace:
     for key in ("trace", "cluster"):
         if key in data and not isinstance(data[key], str):
             raise ConfigError(f"must be a path, got {data[key]!r}", field=f"base.{key}")
-    if "build" not in data:
-        raise ConfigError("needs base.build: {tp: .., pp: .., micro_batch: ..}, the configuration the trace was "
-                          "measured with", field="base.trace")
+    # without base.build the trace must be a recognisable LLM step (comet/trace/recognize.py)
     cluster = _resolve_path(data["cluster"], source) if "cluster" in data else None
     return BaseTrace(build=dict(build), trace=_resolve_path(data["trace"], source), cluster=cluster)
 

@@ -155,3 +155,21 @@ def _append_host(g: nx.DiGraph, name: str, seconds: float, block: str) -> None:
     g.add_node(nid, op=Op(name, OpKind.COMPUTE, kernel=KernelClass.OTHER, duration_s=seconds, phase=phase))
     for u in sinks:
         g.add_edge(u, nid, dep="data")
+
+
+_DIMS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
+
+
+def ground_for(paths, model: ModelSpec, cluster: ClusterSpec, step=None) -> tuple[StepGraph, GroundingReport]:
+    """A study's base from a trace: the study's model with the trace's dimensions (transformations then
+    carry it to the study's own dimensions, op by op), in the configuration the trace ran, grounded in
+    its measured ops. TraceError when the trace is not a recognisable LLM step."""
+    from comet.trace.recognize import recognize
+    rec = recognize(paths, step=step)
+    own = model_of(rec, tied_embeddings=model.tied_embeddings)
+    traced = replace(model, **{k: getattr(own, k) for k in _DIMS})
+    base, report = ground(rec, cluster, model=traced, par=parallel_of(rec, traced))
+    if traced.activation.value != (rec.activation or traced.activation.value):
+        report.notes.append(f"the trace's activation is {rec.activation}, the model's {traced.activation.value}: "
+                            "the activation ops are modelled")
+    return base, report

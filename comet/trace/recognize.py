@@ -108,21 +108,23 @@ class _Rank:
         kernels_by_corr: dict = {}
         for g in gpu:
             kernels_by_corr.setdefault((g.get("args") or {}).get("correlation"), []).append(g)
-        self.launches = []            # (ts, tid, kernel duration us, is_nccl)
+        self.launches = []            # (ts, tid, kernel duration us, is_nccl, kernel name)
         for e in self.cpu:
             if e["cat"] in _RUNTIME_CATS:
                 for g in kernels_by_corr.get((e.get("args") or {}).get("correlation"), ()):
-                    self.launches.append((e["ts"], e["tid"], g.get("dur", 0), g.get("name", "").startswith("nccl")))
+                    name = g.get("name", "")
+                    self.launches.append((e["ts"], e["tid"], g.get("dur", 0), name.startswith("nccl"), name))
         self.launches.sort()
         self.on_gpu = bool(self.launches)
 
-    def time_us(self, e, comm: bool = True) -> float:
+    def time_us(self, e, comm: bool = True, only=None) -> float:
         """Measured time of a CPU op: the kernels it launched (GPU trace; `comm` False: without NCCL
-        kernels) or its own duration (CPU trace)."""
+        kernels; `only`: kernels whose name matches this regex) or its own duration (CPU trace)."""
         if not self.on_gpu:
             return e.get("dur", 0)
         a, b = e["ts"], e["ts"] + e.get("dur", 0)
-        return sum(d for ts, tid, d, nccl in self.launches if a <= ts <= b and tid == e["tid"] and (comm or not nccl))
+        return sum(d for ts, tid, d, nccl, name in self.launches if a <= ts <= b and tid == e["tid"]
+                   and (comm or not nccl) and (only is None or only.search(name)))
 
     def ops(self, a: float, b: float, tid=None):
         return [e for e in self.cpu if a <= e["ts"] < b and e["cat"] == "cpu_op" and (tid is None or e["tid"] == tid)]
@@ -214,7 +216,7 @@ def _shape(r: _Rank, rec: Recognition, spans, comm_groups) -> None:
     if n_proj_in != hp * d:
         rec.unrecognised["heads"] = f"projection input {n_proj_in} != heads per rank x head dim {hp * d}"
     tail = _innermost_gemms(r, spans[-1][1], r.t1, r.main_tid)
-    logits = next((g for g in tail if _dims(g)[0][1] == h and _dims(g)[1][1] != h), None)
+    logits = next((g for g in tail if _dims(g)[0][1] == h), None)     # the first GEMM after the layers
     if logits is not None:
         rec.vocab = _dims(logits)[1][1] * tp
         rec.how["vocab"] = f"logits GEMM after the last layer ({_dims(logits)[:2]}) x tp {tp}"

@@ -1,7 +1,7 @@
 """Record a real training step of a small Llama-style decoder: Kineto + PyTorch ET per rank, and the
 measured step time (optional extra `record`: needs torch; the tests never import this module).
 
-    python -m comet.trace.record --out data/traces/cpu/L2_h256 --layers 2 --hidden 256 --tp 2 --dp 1
+    python -m comet.trace.record --out data/traces/cpu L2_h512_mb2_s128_tp1_dp1 L2_h512_mb2_s128_tp2_dp1 ...
 
 One process per rank (torch.multiprocessing, torch.distributed: gloo on CPU, nccl on GPU), rank order
 tp innermost then dp (Megatron). The model is Megatron-shaped so that its record_function scopes carry
@@ -15,9 +15,16 @@ Outside the layers: `embedding` (vocab-parallel lookup + `embedding.all_reduce`)
 logits, vocab-parallel cross-entropy with three all-reduces), `dp.grad_all_reduce` (one fp32 bucket,
 after the backward), `optimizer` (Adam step + zero_grad).
 
-Timing: every rank runs `--warmup` steps, then `--steps` timed steps (barrier, step, barrier; wall
-clock on rank 0), then one step under the profiler (Kineto) and one under the ET observer. `measured.yaml` (JSON text; not read as a trace) holds the median and every sample. Threads are
-pinned (`torch.set_num_threads(--threads)`) so that ranks do not fight over cores.
+Timing on a shared machine: all configurations run in one launch (as many processes as the largest
+needs; a smaller one runs on the lowest ranks while the others wait in a barrier) and are timed
+interleaved: `--rounds` rounds, each running `--steps` timed steps of every configuration in turn
+(barrier, step, barrier; wall clock on rank 0). Other users' load then falls on every configuration
+alike. `<name>/measured.yaml` (JSON text; not read as a trace) holds the configuration, every sample,
+their median and their minimum: the step time with the least interference from other users (the
+rationale of Python's timeit: higher values are other processes, not the code). At `--profiles`
+rounds spread over the run each configuration also runs one step under the profiler (Kineto,
+`record_shapes`); the fastest of them is kept, with one ET observer step right after it. Threads are pinned (`torch.set_num_threads(--threads)`). Each trace's
+`distributedInfo` is rewritten to describe its configuration's own job (ranks, world size, groups).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -42,8 +50,10 @@ def _build(args, rank: int):
     tp_rank, dp_rank = rank % tp, rank // tp
     # every rank creates every group (torch.distributed rule); the descriptions name them in the trace
     tp_groups = [dist.new_group(list(range(r * tp, r * tp + tp)), group_desc="tp") for r in range(dp)] if tp > 1 else None
-    tp_group = tp_groups[dp_rank] if tp_groups else None
     dp_groups = [dist.new_group(list(range(t, tp * dp, tp)), group_desc="dp") for t in range(tp)] if dp > 1 else None
+    if rank >= tp * dp:
+        return None                  # not a process of this configuration
+    tp_group = tp_groups[dp_rank] if tp_groups else None
     dp_group = dp_groups[tp_rank] if dp_groups else None
     h, heads, f, V = args.hidden, args.heads, args.ffn, args.vocab
     hp, fp, Vp = heads // tp, f // tp, V // tp
@@ -222,58 +232,122 @@ def _build(args, rank: int):
     return step
 
 
-def _worker(rank: int, args) -> None:
+_NAME = re.compile(r"^L(\d+)_h(\d+)_mb(\d+)_s(\d+)_tp(\d+)_dp(\d+)$")
+
+
+def parse_config(name: str, vocab: int = 1024) -> argparse.Namespace:
+    """`L2_h512_mb2_s128_tp1_dp1` -> the configuration: head dim 64, SwiGLU width 2.75 x hidden (Llama's
+    8/3 x hidden rounded to a multiple of 64 x tp), untied vocabulary `vocab`."""
+    m = _NAME.match(name)
+    if not m:
+        raise ValueError(f"configuration {name!r}: expected L<layers>_h<hidden>_mb<micro-batch>_s<seq>_tp<tp>_dp<dp>")
+    layers, hidden, mb, seq, tp, dp = map(int, m.groups())
+    return argparse.Namespace(name=name, layers=layers, hidden=hidden, heads=hidden // 64, ffn=hidden * 11 // 4,
+                              vocab=vocab, seq=seq, micro_batch=mb, tp=tp, dp=dp)
+
+
+def _rewrite_dist_info(path: Path, cfg, rank: int) -> None:
+    """The trace's distributedInfo describes the launch (every configuration's processes); make it describe
+    this configuration's job: its ranks and its own process groups."""
+    doc = json.loads(path.read_text())
+    info = doc.get("distributedInfo") or {}
+    groups = []
+    if cfg.tp > 1:
+        r0 = rank // cfg.tp * cfg.tp
+        groups.append({"pg_name": "tp", "pg_desc": "tp", "pg_size": cfg.tp, "ranks": list(range(r0, r0 + cfg.tp))})
+    if cfg.dp > 1:
+        groups.append({"pg_name": "dp", "pg_desc": "dp", "pg_size": cfg.dp,
+                       "ranks": list(range(rank % cfg.tp, cfg.tp * cfg.dp, cfg.tp))})
+    info.update(rank=rank, world_size=cfg.tp * cfg.dp, pg_count=len(groups), pg_config=groups)
+    doc["distributedInfo"] = info
+    path.write_text(json.dumps(doc))
+
+
+def _gzip(path: Path) -> None:
+    with open(path, "rb") as src, gzip.open(str(path) + ".gz", "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+
+
+def _worker(rank: int, args, configs) -> None:
     import torch
     import torch.distributed as dist
     from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 
     torch.set_num_threads(args.threads)
-    world = args.tp * args.dp
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    world = max(c.tp * c.dp for c in configs)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    step = _build(args, rank)
-    for _ in range(args.warmup):
-        step()
-    samples = []
-    for _ in range(args.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        dist.barrier()
-        samples.append(time.perf_counter() - t0)
+    # Every rank builds the process groups of every configuration in the same order (torch.distributed
+    # rule); a configuration of fewer processes than the launch runs on the lowest ranks.
+    steps = [_build(c, rank) for c in configs]
+    for c, step in zip(configs, steps):
+        for _ in range(args.warmup):
+            if step:
+                step()
+    samples = {c.name: [] for c in configs}
+    profiled = {c.name: float("inf") for c in configs}   # wall time of the kept profiled step
     out = Path(args.out)
-    et_path = out / f"rank{rank}_et.json"
-    # Kineto and ET come from two consecutive steps: the ET observer records every op's tensors, which
-    # would inflate the Kineto op times it runs beside; the ops are the same in every step.
-    dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        with record_function("ProfilerStep#1"):      # the step annotation the importer looks for
-            step()
-    et = ExecutionTraceObserver().register_callback(str(et_path))
-    et.start()
-    step()
-    et.stop()
-    et.unregister_callback()
-    prof.export_chrome_trace(str(out / f"rank{rank}_kineto.json"))
-    for name in (f"rank{rank}_kineto.json", f"rank{rank}_et.json"):
-        with open(out / name, "rb") as src, gzip.open(out / (name + ".gz"), "wb", compresslevel=9) as dst:
-            shutil.copyfileobj(src, dst)
-        (out / name).unlink()
+    profile_rounds = {args.rounds * (i + 1) // (args.profiles + 1) for i in range(args.profiles)}
+    for rnd in range(args.rounds):
+        for c, step in zip(configs, steps):
+            for _ in range(args.steps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if step:
+                    step()
+                dist.barrier()
+                samples[c.name].append(time.perf_counter() - t0)
+            if rnd not in profile_rounds:
+                continue
+            # --profiles steps under the profiler at rounds spread over the run; the fastest is kept (the
+            # one other users' load disturbed least). Kineto and ET come from two consecutive steps: the ET
+            # observer records every op's tensors, which would inflate the op times it ran beside.
+            folder = out / c.name
+            folder.mkdir(parents=True, exist_ok=True)
+            dist.barrier()
+            t0 = time.perf_counter()
+            if step:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    with record_function("ProfilerStep#1"):      # the step annotation the importer looks for
+                        step()
+            dist.barrier()
+            took = torch.tensor([time.perf_counter() - t0])
+            dist.broadcast(took, src=0)                          # every rank keeps the same step
+            if took.item() >= profiled[c.name]:
+                continue
+            profiled[c.name] = took.item()
+            if step:
+                prof.export_chrome_trace(str(folder / f"rank{rank}_kineto.json"))
+                _rewrite_dist_info(folder / f"rank{rank}_kineto.json", c, rank)
+                _gzip(folder / f"rank{rank}_kineto.json")
+                et = ExecutionTraceObserver().register_callback(str(folder / f"rank{rank}_et.json"))
+                et.start()
+                step()
+                et.stop()
+                et.unregister_callback()
+                _gzip(folder / f"rank{rank}_et.json")
+            dist.barrier()
     if rank == 0:
-        meta = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "micro_batch",
-                                              "tp", "dp", "threads")}
-        meta.update(step_s_median=statistics.median(samples), step_s_samples=samples,
-                    torch=torch.__version__, dtype="fp32", backend="gloo")
-        (out / "measured.yaml").write_text(json.dumps(meta, indent=1) + "\n")   # JSON is YAML; not a .json trace file
+        for c in configs:
+            meta = {k: getattr(c, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "micro_batch",
+                                              "tp", "dp")}
+            meta.update(threads=args.threads, step_s_median=statistics.median(samples[c.name]),
+                        step_s_min=min(samples[c.name]), step_s_samples=samples[c.name],
+                        profiled_step_s=profiled[c.name], rounds=args.rounds, steps_per_round=args.steps,
+                        torch=torch.__version__, dtype="fp32", backend="gloo")
+            # JSON text (valid YAML) under a name the trace loader does not read as a trace
+            (out / c.name / "measured.yaml").write_text(json.dumps(meta, indent=1) + "\n")
     dist.destroy_process_group()
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m comet.trace.record", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    for name, default in (("layers", 2), ("hidden", 512), ("heads", 8), ("ffn", 1408), ("vocab", 1024),
-                          ("seq", 128), ("micro-batch", 2), ("tp", 1), ("dp", 1), ("threads", 1),
-                          ("warmup", 2), ("steps", 7), ("port", 29511)):
+    p.add_argument("--out", required=True, help="folder; one sub-folder per configuration")
+    p.add_argument("configs", nargs="+", help="configurations, L<layers>_h<hidden>_mb<mb>_s<seq>_tp<tp>_dp<dp>")
+    for name, default in (("vocab", 1024), ("threads", 1), ("warmup", 2), ("rounds", 10), ("steps", 2),
+                          ("profiles", 3),
+                          ("port", 29511)):
         p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args(argv)
     try:
@@ -281,14 +355,19 @@ def main(argv=None) -> int:
     except ImportError:
         print("comet trace record: needs torch (pip install -e '.[record]')", file=sys.stderr)
         return 2
-    for flag, v, div in (("--heads", args.heads, args.tp), ("--ffn", args.ffn, args.tp), ("--vocab", args.vocab, args.tp),
-                         ("--hidden", args.hidden, args.heads)):
-        if v % div:
-            print(f"comet trace record: {flag} {v} must be divisible by {div}", file=sys.stderr)
-            return 2
+    try:
+        configs = [parse_config(n, args.vocab) for n in args.configs]
+    except ValueError as exc:
+        print(f"comet trace record: {exc}", file=sys.stderr)
+        return 2
+    for c in configs:
+        for what, v, div in (("heads", c.heads, c.tp), ("ffn", c.ffn, c.tp), ("vocab", c.vocab, c.tp)):
+            if v % div:
+                print(f"comet trace record: {c.name}: {what} {v} must be divisible by tp {div}", file=sys.stderr)
+                return 2
     Path(args.out).mkdir(parents=True, exist_ok=True)
     os.environ["MASTER_PORT"] = str(args.port)
-    mp.spawn(_worker, args=(args,), nprocs=args.tp * args.dp, join=True)
+    mp.spawn(_worker, args=(args, configs), nprocs=max(c.tp * c.dp for c in configs), join=True)
     return 0
 
 

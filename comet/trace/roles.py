@@ -20,7 +20,11 @@ import re
 _SKIP = re.compile(r"^(ProfilerStep#|## |gloo:|nccl:|enumerate\(DataLoader\))|(?:^|[./_])layers?[._]\d+$")
 _ROLE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_\[\]]+)*$")
 _SUFFIX = re.compile(r"\.(dgrad\.all_reduce|dgrad|wgrad|bwd|all_reduce\w*)$")
-_RENAME = {"embedding": "embedding.lookup", "optimizer": "optimizer.adam"}   # recorder scope -> builder role
+# cuBLAS / CUTLASS GEMM kernel names (comet/trace/calibrate_base.py uses the same list for its classes)
+GEMM_KERNEL = re.compile(r"gemm|cutlass|cublas|xmma|wgmma|sm80_|sm90_|sm100_|matmul|nvjet", re.I)
+_NCCL = re.compile(r"^nccl")
+_RENAME = {"embedding": "embedding.lookup", "optimizer": "optimizer.adam",    # recorder scope -> builder role
+           "dp.grad_all_reduce": "dp.grad_all_reduce[chunk 0]"}
 
 
 def _is_role_scope(e) -> bool:
@@ -188,10 +192,13 @@ def _from_names(r, spans, occ, in_layer) -> None:
     for a, b in spans:
         gemms = colls = norms = 0
         for e in _leaves_main(r, a, b):
-            t = r.time_us(e)
-            nccl = any(a0 <= ts <= a0 + e.get("dur", 0) and tid == e["tid"] and is_nccl
-                       for ts, tid, _, is_nccl in r.launches for a0 in (e["ts"],))
+            nccl = any(e["ts"] <= ts <= e["ts"] + e.get("dur", 0) and tid == e["tid"] and is_nccl
+                       for ts, tid, _, is_nccl, _ in r.launches)
             kind = _classify(e["name"], nccl)
+            # one to one: a GEMM role counts its GEMM kernels (a layout copy it also launched is not
+            # a GEMM), a collective role its NCCL kernels, the others their non-NCCL kernels
+            t = (r.time_us(e, only=GEMM_KERNEL) if kind in ("gemm", "qk", "pv") else
+                 r.time_us(e, only=_NCCL) if kind == "coll" else r.time_us(e, comm=False))
             role = None
             if kind == "norm":
                 role = ("input_norm", "mlp_norm")[min(norms, 1)]

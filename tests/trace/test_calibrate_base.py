@@ -216,8 +216,9 @@ def test_space_trace_base_errors_are_one_line(tiny, tmp_path):
     with pytest.raises(TraceError):
         build_context(load_space(_space(tmp_path, model_path, {"build": build, "trace": str(corrupt)})),
                       RunOptions())
-    with pytest.raises(ConfigError, match="base.trace: needs base.build"):
-        load_space(_space(tmp_path, model_path, {"trace": str(corrupt)}))
+    # without base.build the trace must be a recognisable LLM step (per-op grounding)
+    with pytest.raises(TraceError, match="base.trace: .*give base.build"):
+        build_context(load_space(_space(tmp_path, model_path, {"trace": str(corrupt)})), RunOptions())
     with pytest.raises(ConfigError, match="base.cluster: only a trace base"):
         load_space(_space(tmp_path, model_path, {"build": build, "cluster": str(CLUSTER)}))
     with pytest.raises(ConfigError, match="base.cluster: cluster spec not found"):
