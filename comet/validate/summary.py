@@ -50,7 +50,7 @@ def scale(p: Prediction) -> str:
     """Regime by job size: GPUs in the job."""
     try:
         n = int(float(p.case.row.get("num_gpus") or 0))
-    except ValueError:
+    except (ValueError, OverflowError):    # a bad cell (its row is skipped): no regime
         n = 0
     return "<=64 GPUs" if n <= 64 else ("65-1024 GPUs" if n <= 1024 else ">1024 GPUs")
 
