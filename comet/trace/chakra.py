@@ -176,7 +176,8 @@ def decode_et(data: bytes, source: str) -> tuple[dict, list[dict]]:
                 k, v = _attr(val)
                 meta["attrs"][k] = v
         return meta, [_node(m) for m in msgs[1:]]
-    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+    except (ValueError, struct.error, UnicodeDecodeError, TypeError, AttributeError, IndexError) as exc:
+        # TypeError / AttributeError / IndexError: a field of another wire type than its number has in the schema
         raise TraceError(f"bad or truncated Chakra ET protobuf: {exc}", path=source) from None
 
 

@@ -95,6 +95,9 @@ def _window(doc, cpu, gpu, step, source):
         m = _STEP.match(str(e.get("name", "")))
         if m and e["cat"] in ("user_annotation", "cpu_op"):
             steps.setdefault(int(m.group(1)), e)
+    if not cpu and not gpu:     # also reached from comet/trace/recognize.py (trace inspect)
+        raise TraceError("Kineto trace has no CPU or GPU events (empty, or not a PyTorch profiler trace)",
+                         path=source)
     if step == "all" or not steps:
         if step not in (None, "all"):
             raise TraceError(f"--step {step}: the trace has no ProfilerStep annotations", path=source)
