@@ -134,7 +134,7 @@ def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, path: P
     ax.invert_yaxis()
     ax.set_xlabel("step time (s), critical pipeline stage")
     ax.xaxis.set_major_formatter(FuncFormatter(_human))
-    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / max(1, len(rows))))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="component")
     ax.set_title(f"where the step time goes: the {len(rows)} best distinct designs by "
                  f"{LABELS.get(first.column, first.column)}")
     ax.grid(axis="x", alpha=0.3)
