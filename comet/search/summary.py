@@ -17,6 +17,7 @@ from typing import Callable
 import pandas as pd
 
 from comet.search import analysis
+from comet.search.provisioning import provisioning_section
 from comet.search.context import PROVISION_KEYS
 from comet.search.front import merge_equivalent, sort_by
 from comet.search.naming import cluster_name, parallel_name
@@ -204,6 +205,15 @@ def case_study(r: Report) -> list[str]:
     return _case_study(r.df, r.ctx) if not r.ok.empty else []
 
 
+def error_band(r: Report) -> list[str]:
+    return _error_band_note(r.ok)
+
+
+def provisioning(r: Report) -> list[str]:
+    """comet/search/provisioning.py: spread across designs at fixed GPU count, expansion gain, COMET comparison."""
+    return provisioning_section(r.df, r.front, r.ctx) if not r.ok.empty else []
+
+
 def files(r: Report) -> list[str]:
     return ["", "## Files", "", "candidates.parquet / candidates.csv.gz (every evaluated candidate, with its model, job "
             "and complete cluster), pareto.csv (every Pareto row, unmerged), study.yaml, journal.jsonl.gz (the "
@@ -221,7 +231,7 @@ def _front_cols(r: Report, first: str | None = None) -> list[str]:
 
 
 SECTIONS: list[Callable[[Report], list[str]]] = [header, recommendation, assumptions, candidates, pareto_front,
-                                                 per_objective, case_study, files]
+                                                 error_band, per_objective, case_study, provisioning, files]
 
 
 def _usd(v) -> str:
@@ -266,6 +276,26 @@ def _example(category: str, reason: str) -> str:
         parts = [p for p in parts if "expansion" in p] or parts
     text = parts[0]
     return text if len(text) <= 260 else text[:257] + "..."
+
+
+def _error_band_note(ok: pd.DataFrame) -> list[str]:
+    """Hook (comet.validate.uncertainty): designs closer than the validation error band are a tie."""
+    from comet.validate.uncertainty import error_band
+    if ok.empty or "step_time_s" not in ok:
+        return []
+    fastest = ok.sort_values("step_time_s").iloc[:2]
+    prec = fastest.iloc[0].get("precision") if "precision" in fastest else None
+    band = error_band(prec if isinstance(prec, str) else None, int(fastest.iloc[0].get("gpus", 0) or 0))
+    if band is None:
+        return []
+    from comet.workload.memory import FIT_MARGIN
+    lines = [f"Expected error of a step-time prediction: {band} (comet validate residuals by regime). "
+             f"Memory fit test: a design fits when its predicted peak is within {FIT_MARGIN:.0%} of HBM."]
+    if len(fastest) == 2:
+        gap = (fastest.iloc[1]["step_time_s"] / fastest.iloc[0]["step_time_s"] - 1) * 100
+        if gap < band.pct:
+            lines.append(f"The two fastest designs differ by {gap:.1f}%, less than that band: treat them as equal.")
+    return lines + [""]
 
 
 def _case_study(df: pd.DataFrame, ctx) -> list[str]:
