@@ -5,6 +5,7 @@ reason, never as exceptions."""
 from __future__ import annotations
 
 from comet.config.cluster import ClusterSpec
+from comet.config.cluster_checks import check_job_fits_domains
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
@@ -21,6 +22,7 @@ from comet.workload.memory import MemoryEstimate, estimate_memory
 def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> ParallelConfig:
     """Derive dp / SP and check every rule, including what the hardware can run."""
     par = parallel.resolve(model)
+    check_job_fits_domains(cluster, par.gpus)
     if par.precision.value not in cluster.gpu.peak_tflops:
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
                           f"(peaks given: {', '.join(cluster.gpu.peak_tflops)})", field="precision")

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from comet.validate.kernels import kernel_level
 from comet.validate.runner import find_csv, repo_root, run_validation
 
 DEFAULT_DOCS = "docs/validation.md"
@@ -88,6 +89,9 @@ def run(args) -> int:
         console = Console(width=max(console.width, 150))   # piped / captured: do not squeeze the table
     csv = find_csv(args.csv)
     specs = Path(args.specs) if args.specs else repo_root() / "cluster_specs"
+    if kernel_level(csv):   # collectives / gemm / attention / memory microbenchmarks (comet/validate/kernels.py)
+        from comet.cli.validate_kernels import run_kernels
+        return run_kernels(csv, specs, console, args.quiet, args.json)
     fits = None
     command = "comet validate" + (" --fit" if args.fit else "")
     if args.fit:

@@ -203,6 +203,14 @@ class ParallelConfig:
             parts.append(f"ep{self.ep}")
         if self.etp is not None and self.etp != self.tp:
             parts.append(f"etp{self.etp}")
+        if self.moe_dispatcher is not Dispatcher.ALLTOALL:
+            parts.append(f"{self.moe_dispatcher.value}-dispatch")
+        if self.moe_capacity_factor is not None:
+            parts.append(f"cf{self.moe_capacity_factor:g}")
+        if self.moe_imbalance != 1.0:
+            parts.append(f"imb{self.moe_imbalance:g}")
+        if self.moe_overlap_a2a:
+            parts.append("a2a-overlap")
         if self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None:
             parts.append(f"ppf{self.pp_first_stage_layers or 'x'}l{self.pp_last_stage_layers or 'x'}")
         if self.pp_embedding_as_layer or self.pp_loss_as_layer:

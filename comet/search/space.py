@@ -226,6 +226,7 @@ _NUMERIC = {"gpus", "hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_b
             "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale",
             "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp", "moe_capacity_factor", "moe_imbalance"}
 _INTEGER = {"gpus", "scaleup_size", "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp"}
+MAX_BATCH = 10_000       # Optuna trials asked per round
 TOP_KEYS = ("study", "model", "base", "job", "cluster", "parallel", "objectives", "constraints", "method",
             "budget", "seed", "batch", "timelines")
 
@@ -381,6 +382,8 @@ def _parse_space(data: Any, source: str) -> SearchSpace:
     if seed >= 2**32:   # numpy / Optuna samplers take a 32-bit seed
         raise ConfigError(f"must be < 2**32, got {seed}", field="seed")
     batch = _num(int, 0)(data.get("batch", 16), "batch")
+    if batch > MAX_BATCH:   # every trial of a round is asked (and held) before any is evaluated
+        raise ConfigError(f"must be <= {MAX_BATCH:,} trials per round, got {batch:,}", field="batch")
     timelines = _num(int, -1)(data.get("timelines", 3), "timelines")
     budget = from_dict(Budget, data.get("budget") or {}, source=source, path="budget")
     if method is not Method.GRID and budget.trials is None and budget.wall_time_s is None:

@@ -50,7 +50,7 @@ class Dims:
         T = par.micro_batch * model.seq_len // par.cp
         return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
                     h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden,
-                    gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_dim,
+                    gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_size,
                     V=model.padded_vocab(par.tp), sp=par.sp, cp=par.cp, act=model.activation.value)
 
 

@@ -317,7 +317,7 @@ def _expansion_reason(par: ParallelConfig, cluster: ClusterSpec, expansion: floa
         return f"offload of {targets} needs a memory expansion tier, but cluster '{cluster.name}' has none"
     if expansion > tier.capacity_bytes:
         return (f"offload of {targets} puts {expansion / GB:.1f} GB per GPU in {tier.name} "
-                f"but it holds {tier.capacity_GB:g} GB per GPU")
+                f"but it holds {tier.capacity_bytes / GB:g} GB per GPU")
     return ""
 
 

@@ -27,7 +27,7 @@ def test_h100_spec_loads_with_datasheet_numbers(h100):
 
 
 def test_unknown_key_names_file_and_path(tmp_path, repo_root):
-    p = write(tmp_path, cluster_text(repo_root).replace("    latency_us: 8.0", "    latency_us: 8.0\n    colour: red"))
+    p = write(tmp_path, cluster_text(repo_root).replace("    latency_us: 14.0", "    latency_us: 14.0\n    colour: red"))
     with pytest.raises(ConfigError, match=r"x\.yaml: network\[1\]\.colour: unknown key"):
         load_cluster(p)
 
