@@ -20,8 +20,9 @@ from comet.search.pareto import pareto_mask
 from comet.search.space import Direction, SearchSpace
 
 JOURNAL = "journal.jsonl"
-PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "ep", "etp", "sequence_parallel", "schedule", "micro_batch", "recompute",
-                    "zero", "precision", "offload")
+PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "ep", "etp", "sequence_parallel", "schedule", "micro_batch",
+                    "recompute", "zero", "precision", "offload",
+                    "moe_dispatcher", "moe_capacity_factor", "moe_imbalance", "moe_overlap_a2a")
 METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tflops_per_gpu", "memory_gb_per_gpu")
 
 
