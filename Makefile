@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench validate trace-check clean
+.PHONY: run test bench validate trace-check clean fuzz kill-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:cacheprovider benchmarks
+
+# Robustness checks, not part of `make test` (minutes each): a freshly generated corpus of ~1,000
+# malformed inputs of every kind run through the CLI, and kill -9 at 50% of a search then a resume.
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzz/corpus.py --per-kind 120
+
+kill-check: $(STAMP)
+	$(BIN)/python tests/robust/kill9_check.py
 
 validate: $(STAMP)
 	$(BIN)/comet validate
