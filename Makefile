@@ -42,7 +42,7 @@ validate: $(STAMP)
 # Real A -> B evidence (not part of `make test`): comet grounded in the recorded CPU trace of configuration A
 # predicts the measured step time of configuration B (comet/trace/ab_check.py, docs/traces.md).
 trace-check: $(STAMP)
-	$(BIN)/python -m comet.trace.ab_check
+	@$(BIN)/python -m comet.trace.ab_check
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
