@@ -71,7 +71,7 @@ compiled = LRU(256)                 # signature -> CompiledGraph (structure only
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
 _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
-facts = LRU(64)                     # (question, object key) -> answer about a read-only input
+facts = LRU(_GRAPH_ENTRIES)         # (question, object key) -> answer about a read-only input
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
