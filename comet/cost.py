@@ -4,17 +4,23 @@ Inputs are the unit prices and watts of ClusterSpec.cost / ClusterSpec.power (cl
 with their sources there). One formula per function:
 
     nodes          = ceil(gpus / gpus_per_chassis)
-    capex          = gpus * gpu_usd + nodes * node_usd
+    capex          = gpus * (gpu_usd + bf16_TFLOPs * gpu_usd_per_bf16_TFLOPs) + nodes * node_usd
                      + sum_d gpus * bandwidth_d[GB/s] * price_d[USD per GB/s per GPU] / oversubscription_d
                        (the scale-up dimension only where its domain spans more than one chassis)
                      + gpus * hbm_GB * hbm_usd_per_GB + gpus * expansion_GB * expansion_usd_per_GB
+                     + gpus * expansion_GBps * expansion_usd_per_GBps
+                       (expansion_GB / _GBps: each GPU's share of its tier, capacity and bandwidth / shared_by;
+                       bandwidth is priced so designs that differ only in it do not tie on capex)
     power          = gpus * gpu_W + nodes * node_overhead_W + gpus * network_W_per_gpu
+                     gpu_W from utilisation when the step's breakdown is known and the spec gives an idle
+                     draw: idle + (busy - idle) * (f_compute + comm_activity * f_comm), f = share of step
+                     time computing / with only communication or offload exposed; TDP x time otherwise
                      + gpus * expansion_GB * expansion_W_per_GB
     time_to_train  = job.total_tokens / tokens_per_s
     energy         = power * time_to_train * PUE
     cost_per_run   = capex * time_to_train / amortization period + energy * electricity price
 
-Memory expansion capacity is per GPU (ClusterSpec.memory_expansion.capacity_GB).
+Memory expansion is charged per GPU share of the tier (ClusterSpec.memory_expansion, shared_by GPUs).
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ def node_count(gpus: int, gpus_per_chassis: int) -> int:
 
 
 def expansion_GB(cluster: ClusterSpec) -> float:
-    return cluster.memory_expansion.capacity_GB if cluster.memory_expansion else 0.0
+    """Expansion capacity per GPU (its share of a shared tier)."""
+    return cluster.memory_expansion.capacity_bytes / 1e9 if cluster.memory_expansion else 0.0
+
+
+def expansion_GBps(cluster: ClusterSpec) -> float:
+    """Expansion bandwidth per GPU (its share of a shared tier)."""
+    return cluster.memory_expansion.bandwidth / 1e9 if cluster.memory_expansion else 0.0
 
 
 def network_usd(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None) -> float:
@@ -56,14 +68,43 @@ def capex_usd(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = No
     """Purchase price of the cluster: GPUs, chassis, network by dimension, HBM and expansion memory."""
     c = cluster.cost
     nodes = node_count(gpus, gpus_per_chassis or cluster.gpus_per_node)
-    return (gpus * c.gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus, gpus_per_chassis)
-            + gpus * cluster.gpu.hbm_GB * c.hbm_usd_per_GB + gpus * expansion_GB(cluster) * c.expansion_usd_per_GB)
+    gpu_usd = c.gpu_usd + cluster.gpu.peak_tflops.get("bf16", 0.0) * c.gpu_usd_per_bf16_TFLOPs
+    return (gpus * gpu_usd + nodes * c.node_usd + network_usd(cluster, gpus, gpus_per_chassis)
+            + gpus * cluster.gpu.hbm_GB * c.hbm_usd_per_GB + gpus * expansion_GB(cluster) * c.expansion_usd_per_GB
+            + gpus * expansion_GBps(cluster) * c.expansion_usd_per_GBps)
 
 
-def power_W(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None) -> float:
+COMPUTE_PARTS = ("compute", "optimizer")
+COMM_PARTS = ("exposed_tp", "exposed_cp", "exposed_dp", "exposed_pp", "exposed_ep", "offload")
+
+
+def utilisation(breakdown: dict, step_s: float) -> dict[str, float] | None:
+    """Shares of the step time spent computing and with only communication / offload exposed; the rest
+    (pipeline bubble, waiting) is idle."""
+    if not breakdown or not step_s > 0:
+        return None
+    compute = sum(breakdown.get(k, 0.0) for k in COMPUTE_PARTS) / step_s
+    comm = sum(breakdown.get(k, 0.0) for k in COMM_PARTS) / step_s
+    return {"compute": min(1.0, compute), "comm": min(1.0 - min(1.0, compute), comm)}
+
+
+def gpu_power_W(cluster: ClusterSpec, busy: dict[str, float] | None = None) -> float:
+    """Average GPU draw: TDP-class draw while computing, the idle draw while waiting, and a share of the
+    dynamic range while only communication runs (GPU power follows SM and HBM activity, Patel et al.
+    "Characterizing Power Management Opportunities for LLMs in the Cloud", ASPLOS 2024)."""
+    p = cluster.power
+    active = p.gpu_W if p.gpu_W is not None else cluster.gpu.power_W
+    if busy is None or p.gpu_idle_W is None:
+        return active
+    dynamic = active - p.gpu_idle_W
+    return p.gpu_idle_W + dynamic * (busy["compute"] + p.comm_activity * busy["comm"])
+
+
+def power_W(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None,
+            busy: dict[str, float] | None = None) -> float:
     """Average IT power of the cluster while training (before PUE)."""
     p = cluster.power
-    gpu_W = p.gpu_W if p.gpu_W is not None else cluster.gpu.power_W
+    gpu_W = gpu_power_W(cluster, busy)
     nodes = node_count(gpus, gpus_per_chassis or cluster.gpus_per_node)
     return (gpus * gpu_W + nodes * p.node_overhead_W + gpus * p.network_W_per_gpu
             + gpus * expansion_GB(cluster) * p.expansion_W_per_GB)
@@ -80,12 +121,12 @@ def energy_MWh(power_watts: float, seconds: float, pue: float) -> float:
 
 
 def run_costs(tokens_per_s: float, cluster: ClusterSpec, gpus: int, job: JobSpec,
-              gpus_per_chassis: int | None = None) -> dict[str, float]:
-    """Every cost figure of one run, as the flat dict stored in Result.extra."""
+              gpus_per_chassis: int | None = None, busy: dict[str, float] | None = None) -> dict[str, float]:
+    """Every cost figure of one run, as the flat dict stored in Result.extra. `busy`: utilisation()."""
     c = cluster.cost
     seconds = time_to_train_s(tokens_per_s, job)
     capex = capex_usd(cluster, gpus, gpus_per_chassis)
-    watts = power_W(cluster, gpus, gpus_per_chassis)
+    watts = power_W(cluster, gpus, gpus_per_chassis, busy)
     mwh = energy_MWh(watts, seconds, c.pue)
     energy_usd = mwh * 1000.0 * c.electricity_usd_per_kWh
     amortized = capex * seconds / (c.amortization_years * SECONDS_PER_YEAR)
@@ -98,4 +139,5 @@ def run_costs(tokens_per_s: float, cluster: ClusterSpec, gpus: int, job: JobSpec
         "energy_cost_usd": energy_usd,
         "amortized_capex_usd": amortized,
         "cost_per_run_usd": amortized + energy_usd,
+        "tokens_per_joule": tokens_per_s / (watts * c.pue) if watts > 0 else 0.0,   # perf per W
     }

@@ -13,7 +13,7 @@ import sys
 
 from comet.errors import CometError
 
-SUBCOMMANDS = ("estimate", "search", "validate", "trace")
+SUBCOMMANDS = ("estimate", "search", "validate", "trace", "export")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,6 +4,7 @@ cost and power. Units are in the field names and converted to SI by the properti
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -12,15 +13,20 @@ from comet.errors import ConfigError
 
 
 class Topology(str, enum.Enum):
-    SWITCH = "switch"                  # non-blocking crossbar / fat tree
-    RING = "ring"
-    FULLY_CONNECTED = "fully_connected"
+    """How the ports of one dimension are wired (comet/hardware/network.py says what each changes).
+    A multi-tier fat tree / rail-optimised Clos is one `switch` dimension per tier (rack, pod, spine),
+    each with its domain size and oversubscription."""
+    SWITCH = "switch"                  # crossbar / fat-tree tier: full port rate to every peer (1/oversubscription across it)
+    RING = "ring"                      # two neighbour links per port (one torus dimension)
+    FULLY_CONNECTED = "fully_connected"  # a direct link to every other port of the domain
 
 
 class CollectiveAlgorithm(str, enum.Enum):
+    AUTO = "auto"      # NCCL's choice: the fastest of the algorithms below by the model
     RING = "ring"      # bandwidth-optimal ring (NCCL default for large messages)
     TREE = "tree"      # double binary tree: log2(n) latency, ring-like bandwidth
     NVLS = "nvls"      # NVLink SHARP in-switch reduction (all-reduce moves each byte once per direction)
+    SHARP = "sharp"    # in-network reduction on the fabric (InfiniBand SHARP / NCCL CollNet)
 
 
 @dataclass(frozen=True)
@@ -55,18 +61,34 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class MemoryTier:
-    """Memory expansion (host DDR, CXL pool) used for offload; traffic crosses `bandwidth_GBps`."""
+    """Memory expansion (host DDR, CXL device or pool) used for offload. capacity_GB, bandwidth_GBps and
+    latency_us describe one tier; `shared_by` GPUs use it (1: per GPU, the node's GPU count: per node
+    host DDR behind the CPU, more: a pooled CXL switch). Every GPU offloads in the same phase of the
+    step, so each gets 1/shared_by of the capacity and of the bandwidth."""
     name: str
     capacity_GB: float = field(metadata=non_negative())
     bandwidth_GBps: float = field(metadata=positive())
+    shared_by: int = field(default=1, metadata=positive())
+    latency_us: float = field(default=0.0, metadata=non_negative())   # load-to-use; CXL ~0.2-0.4 us (CXL 2.0 devices)
 
     @property
     def capacity_bytes(self) -> float:
-        return self.capacity_GB * 1e9
+        """Per GPU."""
+        return self.capacity_GB * 1e9 / self.shared_by
 
     @property
     def bandwidth(self) -> float:
-        return self.bandwidth_GBps * 1e9
+        """Per GPU, bytes/s, while every GPU sharing the tier streams."""
+        return self.bandwidth_GBps * 1e9 / self.shared_by
+
+
+@dataclass(frozen=True)
+class FabricTier:
+    """A switch tier below the top of a scale-out dimension: `size` GPUs share one domain of it (a
+    scalable unit / rack of leaves, a pod), and traffic leaving that domain crosses the next tier up at
+    1/oversubscription of the port rate."""
+    size: int = field(metadata=positive())
+    oversubscription: float = field(default=1.0, metadata=at_least(1.0))
 
 
 @dataclass(frozen=True)
@@ -78,13 +100,20 @@ class NetworkDim:
     bandwidth_GBps: float = field(metadata=positive())
     latency_us: float = field(metadata=non_negative())
     topology: Topology = Topology.SWITCH
-    algorithm: CollectiveAlgorithm = CollectiveAlgorithm.RING
+    algorithm: CollectiveAlgorithm = CollectiveAlgorithm.AUTO   # anything else restricts NCCL's choice (NCCL_ALGO)
     oversubscription: float = field(default=1.0, metadata=at_least(1.0))
     # Bus-bandwidth efficiency eff(m) = bus_efficiency * m / (m + half_efficiency_bytes): large
     # messages reach bus_efficiency of the link rate, a message of half_efficiency_bytes half of that.
     bus_efficiency: float = field(default=0.8, metadata=fraction())
     half_efficiency_bytes: float = field(default=4e6, metadata=non_negative())
     nvls_bus_GBps: float | None = None   # measured all-reduce bus bandwidth with NVLS, if the domain has it
+    nvls_half_efficiency_bytes: float = field(default=0.0, metadata=non_negative())  # buffer at which NVLS
+    #   reaches half of nvls_bus_GBps (few NVLS channels, multimem chunk pipelining)
+    in_network_reduction: bool = False   # the switches of this tier reduce in the network (SHARP)
+    # A multi-tier fat tree / rail-optimised Clos: the tiers below this dimension's top, innermost first
+    # (e.g. a 256-GPU scalable unit of leaves); `size` and `oversubscription` above are the top tier's
+    # (the spine). Bandwidth, latency and efficiencies are the same NICs and switches at every tier.
+    tiers: tuple[FabricTier, ...] = ()
 
     @property
     def bandwidth(self) -> float:
@@ -115,10 +144,13 @@ class Efficiency:
 class CostSpec:
     """Unit prices in USD, with sources in the YAML comments."""
     gpu_usd: float = field(default=0.0, metadata=non_negative())
+    gpu_usd_per_bf16_TFLOPs: float = field(default=0.0, metadata=non_negative())  # added per TFLOP/s of dense
+    #   BF16 peak, so a faster part costs more in a study that scales compute (compute_scale)
     node_usd: float = field(default=0.0, metadata=non_negative())           # chassis, CPUs, DRAM, excluding GPUs
     network_usd_per_GBps: tuple[float, ...] = ()                          # per GPU, per network dimension
     hbm_usd_per_GB: float = field(default=0.0, metadata=non_negative())
     expansion_usd_per_GB: float = field(default=0.0, metadata=non_negative())
+    expansion_usd_per_GBps: float = field(default=0.0, metadata=non_negative())  # links / controllers / CXL ports
     electricity_usd_per_kWh: float = field(default=0.0, metadata=non_negative())
     amortization_years: float = field(default=4.0, metadata=positive())
     pue: float = field(default=1.0, metadata=at_least(1.0))
@@ -127,7 +159,10 @@ class CostSpec:
 @dataclass(frozen=True)
 class PowerSpec:
     """Average power draw per component in W (sources in the YAML)."""
-    gpu_W: float | None = None         # None: the GPU's TDP
+    gpu_W: float | None = None         # None: the GPU's TDP; the draw while computing
+    gpu_idle_W: float | None = None    # draw while waiting (bubble); None: run at gpu_W all the time
+    comm_activity: float = field(default=0.35, metadata=fraction())  # share of (gpu_W - idle) drawn while only
+    #   communication / copy kernels run (a few SMs, HBM and links busy, tensor cores idle)
     node_overhead_W: float = field(default=0.0, metadata=non_negative())  # per node: CPUs, fans, DRAM, NICs
     network_W_per_gpu: float = field(default=0.0, metadata=non_negative())  # switches and optics, per GPU
     expansion_W_per_GB: float = field(default=0.0, metadata=non_negative())
@@ -157,8 +192,24 @@ class ClusterSpec:
     def gpus_per_node(self) -> int:
         return self.network[0].size or 1
 
+    @property
+    def levels(self) -> tuple[NetworkDim, ...]:
+        """The network with every fabric tier as its own level (what collectives are placed on)."""
+        return network_levels(self.network)
+
     def with_changes(self, **changes) -> "ClusterSpec":
         return replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=256)
+def network_levels(network: tuple[NetworkDim, ...]) -> tuple[NetworkDim, ...]:
+    out = []
+    for dim in network:
+        for i, tier in enumerate(dim.tiers):
+            out.append(replace(dim, name=f"{dim.name}.tier{i}", size=tier.size,
+                               oversubscription=tier.oversubscription, tiers=(), in_network_reduction=False))
+        out.append(replace(dim, tiers=()) if dim.tiers else dim)
+    return tuple(out)
 
 
 SPECS_DIR = Path(__file__).resolve().parents[2] / "cluster_specs"   # the repository's reviewed specs
@@ -182,4 +233,6 @@ def resolve_cluster_path(name_or_path: str | Path) -> Path:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    return load(ClusterSpec, resolve_cluster_path(path))
+    from comet.config.cluster_checks import check_cluster   # cross-field rules of the file
+    path = resolve_cluster_path(path)
+    return check_cluster(load(ClusterSpec, path), str(path))

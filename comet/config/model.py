@@ -57,8 +57,6 @@ class ModelSpec:
                 raise ConfigError(f"must be > 0, got {self.head_dim}", field="head_dim")
         elif self.hidden % self.heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})", field="hidden")
-        else:
-            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if kv <= 0 or self.heads % kv:
             raise ConfigError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv})", field="kv_heads")
         if ffn <= 0:
@@ -68,14 +66,19 @@ class ModelSpec:
                               f"{self.moe.layer_freq}, layers {self.layers})", field="moe.dense_layers")
 
     @property
+    def head_size(self) -> int:
+        """Attention head dimension: head_dim when given, else hidden / heads."""
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
     def q_hidden(self) -> int:
-        """Width of the Q projection and of the attention output: heads * head_dim."""
-        return self.heads * self.head_dim
+        """Width of the Q projection and of the attention output: heads * head_size."""
+        return self.heads * self.head_size
 
     @property
     def kv_hidden(self) -> int:
         """Width of the K (or V) projection: kv_heads * head_dim."""
-        return self.kv_heads * self.head_dim
+        return self.kv_heads * self.head_size
 
     @property
     def gated(self) -> bool:

@@ -1,24 +1,56 @@
-"""Collective and point-to-point times on a multi-dimensional network (alpha-beta per dimension).
+"""Collective and point-to-point times on a multi-dimensional network, the way NCCL runs them.
 
-A group of `size` ranks whose global ranks are `stride` apart spans the network dimensions innermost
-first: as many members as fit in one scale-up domain share it, the rest are spread over the next
-dimension (Megatron orders ranks tp, cp, dp, pp, so TP groups are innermost).
+Placement. A group of `size` ranks whose global ranks are `stride` apart spans the network dimensions
+innermost first (Megatron's rank order tp, cp, ep, dp, pp puts TP innermost): as many members as fit in
+one domain of a dimension share it, the rest spread over the next dimension (`group_span`). The
+members of one domain share that domain's links to the next level: a DP group with one member per node
+gets one NIC, a group with four members per node four NICs (`_DimView.port_GBps`).
 
-Hierarchical algorithms (as NCCL and ASTRA-sim's multi-dimensional collectives do): an all-reduce is a
-reduce-scatter inside each dimension going out, then an all-gather coming back, each dimension moving
-the data left by the dimensions inside it. A ring over n members moves (n-1)/n of the buffer per
-direction (Thakur, Rabenseifner, Gropp 2005, "Optimization of Collective Communication Operations in
-MPICH", ring all-gather / reduce-scatter); all-reduce twice that. Bus-bandwidth efficiency depends on
-message size: eff(m) = bus_efficiency * m / (m + half_efficiency_bytes) (nccl-tests bus bandwidth curves
-rise from latency-bound to a plateau). NVLS all-reduce runs at the measured NVLS bus bandwidth.
+Topology of a dimension changes what a group gets of the per-GPU bandwidth (`_topology_share`):
+  switch           every GPU reaches every other at its full port rate; an oversubscribed tier
+                   (ratio r) gives 1/r of it to traffic that crosses that tier.
+  fully_connected  the port rate is split over D-1 direct links (D GPUs per domain): a group of n
+                   of them uses n-1 of those links (AMD MI300X xGMI, NVIDIA DGX-1 hybrid cube mesh).
+  ring (torus)     two neighbour links: ring algorithms over consecutive members run at the full rate
+                   (bidirectional rings), strided members share each physical hop with the
+                   interleaved groups (1/stride), all-to-all is limited by the ring's bisection
+                   (n/4 average hops per byte, Dally & Towles, "Principles and Practices of
+                   Interconnection Networks", 2004, section 3.3).
+
+Algorithms (NCCL 2.18-2.29, src/graph/tuning.cc, and the NCCL docs "Collective operations"), each with a
+bandwidth term (bytes over the bottleneck rate) and a latency term (steps x per-hop latency):
+  ring       all-reduce 2(n-1)/n of the buffer, all-gather / reduce-scatter (n-1)/n (Thakur, Rabenseifner
+             & Gropp 2005). NCCL pipelines the ring across nodes, so the rate is the slowest hop, not
+             a sum of per-dimension phases.
+  tree       all-reduce over a double binary tree between domains (Sanders, Speck & Traeff 2009):
+             log2(nodes) latency; a node interior in one tree and leaf in the other moves 2x the
+             buffer per direction through its NICs (1x with two nodes).
+  nvls       NVLink SHARP all-reduce inside an NVSwitch domain (H100 NVSwitch gen3): the switch
+             reduces, each GPU moves the buffer once per direction, at the measured NVLS rate.
+  nvls_tree  NVLS inside the domain, tree between domains (NCCL >= 2.18 multi-node default on H100):
+             the slower of the two pipelined halves.
+  sharp      in-network reduction on a fabric that has it (Quantum-2 SHARPv3, NCCL CollNet): each
+             domain sends and receives the buffer once, whatever the node count.
+  direct     all-to-all / pairwise: every member sends (n-1)/n of its buffer, peers in the same
+             domain over the inner links, the rest through one port per GPU (nccl-tests#267: an
+             inter-node all-to-all runs at one NIC's rate per GPU).
+NCCL's choice among the allowed algorithms is the fastest by this model, as NCCL's own tuner picks by
+its model (`algorithm: auto`); a dimension's `algorithm` other than auto restricts the choice as
+NCCL_ALGO does.
+
+Bus-bandwidth efficiency per dimension: eff(m) = bus_efficiency * m / (m + half_efficiency_bytes)
+(protocol overheads and chunk pipelining fill-in; nccl-tests curves rise to a plateau).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim
+from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim, Topology
 from comet.graph.ir import Collective
+
+A = CollectiveAlgorithm
 
 
 def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[int]:
@@ -46,70 +78,214 @@ def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[
     return span
 
 
-def _bus_time(nbytes: float, dim: NetworkDim) -> float:
-    if nbytes <= 0:
-        return 0.0
-    eff = dim.bus_efficiency * nbytes / (nbytes + dim.half_efficiency_bytes)
-    return nbytes / (dim.bandwidth / dim.oversubscription * eff)
+@dataclass(frozen=True)
+class _DimView:
+    """One spanned dimension as the group sees it."""
+    dim: NetworkDim
+    n: int                 # group members along this dimension
+    inner: int             # group members inside one domain of the level below (share its ports)
+    stride: int            # distance between consecutive members, in ports of this dimension
+    ports: int             # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
+
+    def rate(self, chunk_bytes: float, kind: str) -> float:
+        """Bytes per second the group's traffic gets through this dimension, per inner domain, when
+        each step moves `chunk_bytes` per rank (pipelining and per-message overheads: eff(chunk))."""
+        d = self.dim
+        eff = d.bus_efficiency * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes)
+        return self.inner * d.bandwidth * eff * _topology_share(self, kind) / d.oversubscription
 
 
-def _steps_latency(n: int, dim: NetworkDim, passes: int) -> float:
-    if n <= 1:
-        return 0.0
-    steps = math.ceil(math.log2(n)) if dim.algorithm is CollectiveAlgorithm.TREE else n - 1
-    return passes * steps * dim.latency_s
+def _topology_share(v: _DimView, kind: str) -> float:
+    """Fraction of a port's rate the group's pattern gets on this dimension's topology (module doc)."""
+    topo = v.dim.topology
+    if topo is Topology.FULLY_CONNECTED:
+        links = (v.ports or v.n) - 1
+        return (v.n - 1) / links if links > 0 else 1.0
+    if topo is Topology.RING:
+        if kind == "direct":
+            return min(1.0, 4.0 / v.n)             # bisection: n/4 average hops per byte
+        if kind == "p2p":
+            return 0.5 / v.stride                  # one of the two neighbour links, shared over the hops
+        return 1.0 / v.stride                      # strided sub-rings share each physical hop
+    return 1.0
 
 
-def _all_to_all_time(msg_bytes: float, size: int, span: list[int], cluster: ClusterSpec) -> float:
-    """Each member sends msg/size to every member. The share addressed to peers inside its level-i
-    domain but outside its level-(i-1) domain, (prod(span[:i+1]) - prod(span[:i])) / size of the buffer,
-    crosses level i's links; the levels' links work at the same time, so the slowest level sets the time
-    (an inter-node all-to-all runs at about one NIC's bandwidth per GPU, nccl-tests#267). Bus efficiency
-    follows the buffer size as for the other collectives; latency is one step per peer on the outermost
-    level."""
-    worst, inner, outer = 0.0, 1, 0
-    for i, (n, dim) in enumerate(zip(span, cluster.network)):
-        if n <= 1:
-            continue
-        crossing = msg_bytes * (inner * n - inner) / size
-        eff = dim.bus_efficiency * msg_bytes / (msg_bytes + dim.half_efficiency_bytes)
-        worst = max(worst, crossing / (dim.bandwidth / dim.oversubscription * eff))
-        inner *= n
-        outer = i
-    return worst + _steps_latency(size, cluster.network[outer], 1)
+def _views(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[_DimView]:
+    span = group_span(size, stride, network)
+    views, inner, step, below = [], 1, stride, 1
+    for n_members, dim_obj in zip(span, network):
+        ports = dim_obj.size // below if dim_obj.size else 0
+        if n_members > 1:
+            views.append(_DimView(dim_obj, n_members, inner, max(1, step // below), ports))
+            inner *= n_members
+            step *= n_members
+        below = dim_obj.size or below
+    return views
+
+
+# NCCL's protocols (src/graph/tuning.cc, NCCL 2.18-2.21): LL moves 8-byte flag+data words (1/4 of the
+# bus rate for all-reduce and multi-node), LL128 120 of every 128 bytes, Simple the full rate with
+# the longest per-hop handshake. Fixed launch latency per protocol (baseLat, us) and per-hop latency
+# as a fraction of Simple's (hwLat: NVLink ring LL 0.6 / LL128 1.9 / Simple 3.4 us; network
+# LL 2.7 / LL128 4.0 / Simple 14 us). The spec's latency_us is the Simple per-hop latency.
+PROTOCOLS = {  # name: (bandwidth factor, base latency s, hop latency ratio inner, hop latency ratio network)
+    "ll": (1 / 4, 6.6e-6, 0.6 / 3.4, 2.7 / 14),
+    "ll128": (120 / 128, 14e-6, 1.9 / 3.4, 4.0 / 14),
+    "simple": (1.0, 8.4e-6, 1.0, 1.0),
+}
+# The tree's hops (hwLat Tree): NVLink LL 0.6 / LL128 1.25 / Simple 4 us, network LL 5.0 / LL128 8.5 /
+# Simple 14 us, base LL 6.8 us: as fractions of the ring's Simple hop latency of the same dimension.
+TREE_PROTOCOLS = {
+    "ll": (1 / 4, 6.8e-6, 0.6 / 3.4, 5.0 / 14),
+    "ll128": (120 / 128, 14e-6, 1.25 / 3.4, 8.5 / 14),
+    "simple": (1.0, 8.4e-6, 4.0 / 3.4, 1.0),
+}
+NVLS_BASE_LATENCY_S = 25e-6   # NVLS / NVLSTree run Simple only, baseLat 25 us (tuning.cc)
+
+
+@dataclass(frozen=True)
+class _Cost:
+    """One algorithm: bytes-over-rate time at the full (Simple) rate, and its per-hop latencies."""
+    bandwidth_s: float
+    hops: tuple[tuple[float, bool], ...]    # (hop latency s at Simple, is the innermost dimension)
+    nvls: bool = False
+    tree: bool = False
+
+    def time(self) -> float:
+        if self.nvls:   # the NVLS part of the path is in the base latency; only network hops add
+            return NVLS_BASE_LATENCY_S + self.bandwidth_s + sum(h for h, inner in self.hops if not inner)
+        best = math.inf
+        for factor, base, r_inner, r_net in (TREE_PROTOCOLS if self.tree else PROTOCOLS).values():
+            lat = sum(h * (r_inner if inner else r_net) for h, inner in self.hops)
+            best = min(best, base + lat + self.bandwidth_s / factor)
+        return best
+
+
+def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
+    n = math.prod(v.n for v in views)
+    passes = 2 if kind is Collective.ALL_REDUCE else 1
+    rate = min(v.rate(msg / n, "ring") for v in views)    # each ring step moves 1/n of the buffer
+    # Latency: a ring visiting k sub-domains of a level crosses k boundaries per pass; a crossing
+    # counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes for
+    # all-reduce), the remaining of the n-1 steps per pass are inner hops.
+    hops, outer_crossings, counted = [], 0, 0
+    for v in reversed(views[1:]):
+        k = n // v.inner
+        hops.append((passes * (k - outer_crossings) * v.dim.latency_s, False))
+        counted += k - outer_crossings
+        outer_crossings = k
+    hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, len(views) == 1 or True))
+    return _Cost(passes * (n - 1) / n * msg / rate, tuple(hops))
+
+
+def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, list]:
+    """(bandwidth time, hops) of a double-binary-tree all-reduce between the domains of `outer`. With
+    NVLS inside the domain each domain's NICs carry the buffer once per direction between two
+    domains, twice with more (a node is interior in one of the two trees); NCCL's plain tree runs at
+    half its bus rate whatever the node count (tuning.cc: tree algorithm bandwidth = busBw / 2)."""
+    domains = math.prod(v.n for v in outer)
+    per_direction = 1.0 if nvls and domains <= 2 else 2.0
+    rate = min(v.rate(msg, "tree") for v in outer)
+    hops = [(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in outer]
+    return per_direction * msg / rate, hops
+
+
+def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
+    """Algorithm bandwidth of NVLS all-reduce: the measured bus bandwidth at a full domain, converted
+    with nccl-tests' busbw = algbw * 2(n-1)/n (each GPU moves the buffer once per direction, so the rate
+    does not depend on how many members take part), reached by large buffers only."""
+    n = dim.size
+    ramp = msg_bytes / (msg_bytes + dim.nvls_half_efficiency_bytes)
+    return dim.nvls_bus_GBps * 1e9 * n / (2 * (n - 1)) * ramp
+
+
+def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
+    return dim.algorithm in (A.AUTO, algo)
+
+
+def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
+                    cluster: ClusterSpec) -> dict[str, float]:
+    """Time of every algorithm NCCL could run for this collective on this placement (seconds), each at
+    its fastest protocol."""
+    views = _views(size, stride, cluster.levels)
+    if not views:
+        return {"none": 0.0}
+    if kind is Collective.BARRIER:
+        return {"barrier": sum(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s for v in views)}
+    if kind is Collective.ALL_TO_ALL:
+        t = 0.0
+        for v in views:
+            # bytes each member sends to peers reached through this dimension (not inside its sub-domain)
+            outside = (v.inner * v.n - v.inner) / size
+            t = max(t, outside * msg_bytes / (v.rate(msg_bytes / size, "direct") / v.inner))
+        hops = tuple(((v.n - 1) * v.dim.latency_s, v is views[0] and len(views) == 1) for v in views)
+        return {"direct": _Cost(t, hops).time()}
+    ring = _ring(kind, msg_bytes, views).time()
+    out = {}
+    top = views[-1].dim
+    if _allowed(top, A.RING) and _allowed(views[0].dim, A.RING):
+        out["ring"] = ring
+    if kind is not Collective.ALL_REDUCE:
+        return out or {"ring": ring}
+    # all-reduce: the part inside the scale-up domain (if the group has members there) and the part
+    # between domains, each with its own algorithms
+    domain = views[0] if views[0].dim is cluster.levels[0] else None
+    between = views[1:] if domain else views
+    d0 = cluster.levels[0]
+    in_domain = domain is not None and domain.n > 1
+    has_nvls = in_domain and bool(d0.nvls_bus_GBps) and d0.size > 1 and _allowed(d0, A.NVLS)
+    nvls_hops = ((2 * d0.latency_s, True),)
+    if not between:
+        if has_nvls:
+            out["nvls"] = _Cost(msg_bytes / _nvls_rate(d0, msg_bytes), nvls_hops, nvls=True).time()
+        return out or {"ring": ring}
+    chain = ((2 * (domain.n - 1) * d0.latency_s, True),) if in_domain else ()
+    intra = msg_bytes / domain.rate(msg_bytes, "ring") if in_domain else 0.0
+    if all(v.dim.in_network_reduction for v in between) and _allowed(top, A.SHARP):
+        # the switches reduce: each domain sends and receives the buffer once, whatever the node count
+        net = msg_bytes / min(v.rate(msg_bytes, "tree") for v in between)
+        hops = tuple((2 * v.dim.latency_s, False) for v in between)
+        if has_nvls:
+            out["sharp"] = _Cost(max(msg_bytes / _nvls_rate(d0, msg_bytes), net), nvls_hops + hops, nvls=True).time()
+        else:
+            out["sharp"] = _Cost(max(intra, net), chain + hops).time()
+    if _allowed(top, A.TREE):
+        bw, hops = _tree_between_domains(msg_bytes, between, nvls=False)
+        out["tree"] = _Cost(max(intra, bw), chain + tuple(hops), tree=True).time()
+    if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
+        bw, hops = _tree_between_domains(msg_bytes, between, nvls=True)
+        out["nvls_tree"] = _Cost(max(msg_bytes / _nvls_rate(d0, msg_bytes), bw), nvls_hops + tuple(hops), nvls=True).time()
+    return out or {"ring": ring}
+
+
+def chosen_algorithm(kind: Collective, msg_bytes: float, size: int, stride: int,
+                     cluster: ClusterSpec) -> tuple[str, float]:
+    """NCCL's choice: the fastest allowed algorithm by the model (tuning.cc picks by its model)."""
+    times = algorithm_times(kind, msg_bytes, size, stride, cluster)
+    name = min(times, key=times.get)
+    return name, times[name]
 
 
 def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
     """Time of one collective; msg_bytes is the full buffer per rank (the gathered size for all-gather,
-    the input size for reduce-scatter and all-reduce), as NCCL reports `size`."""
+    the input size for reduce-scatter and all-reduce, the send buffer for all-to-all), as nccl-tests
+    reports `size`."""
     if size <= 1 or msg_bytes <= 0:
         return 0.0
-    span = group_span(size, stride, cluster.network)
-    if kind is Collective.ALL_TO_ALL:
-        return _all_to_all_time(msg_bytes, size, span, cluster)
-    if kind is Collective.BARRIER:
-        return sum(_steps_latency(n, d, 2) for n, d in zip(span, cluster.network))
-    passes = 2 if kind is Collective.ALL_REDUCE else 1
-    total = 0.0
-    data = float(msg_bytes)      # bytes each member still holds going outwards
-    for n, dim in zip(span, cluster.network):
-        if n <= 1:
-            continue
-        if (kind is Collective.ALL_REDUCE and dim.algorithm is CollectiveAlgorithm.NVLS
-                and dim.nvls_bus_GBps and dim is cluster.network[0]):
-            total += 2 * (n - 1) / n * data / (dim.nvls_bus_GBps * 1e9) + _steps_latency(n, dim, 1)
-        else:
-            total += passes * (n - 1) / n * _bus_time(data, dim) + _steps_latency(n, dim, passes)
-        data /= n
-    return total
+    return chosen_algorithm(kind, msg_bytes, size, stride, cluster)[1]
 
 
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
-    """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*dp)."""
+    """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*ep*dp): over
+    the innermost dimension whose domain holds both ranks, at one port's rate."""
     if msg_bytes <= 0:
         return 0.0
-    for dim in cluster.network:
+    below = 1
+    for dim in cluster.levels:
         if dim.size == 0 or distance < dim.size:
-            return _bus_time(msg_bytes, dim) + dim.latency_s
-    dim = cluster.network[-1]
-    return _bus_time(msg_bytes, dim) + dim.latency_s
+            ports = dim.size // below if dim.size else 0
+            view = _DimView(dim, 2, 1, max(1, distance // below), ports)
+            return _Cost(msg_bytes / view.rate(msg_bytes, "p2p"), ((dim.latency_s, below == 1),)).time()
+        below = dim.size
+    dim = cluster.levels[-1]
+    return _Cost(msg_bytes / _DimView(dim, 2, 1, 1, 0).rate(msg_bytes, "p2p"), ((dim.latency_s, False),)).time()

@@ -107,7 +107,8 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
     for keys, stride in kinds:
         parts = dict(_blocks_parts(keys, blocks))
         if stride is not None:
-            parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
+            parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
+                                   + plan.p2p_exposed * p2p_time_s(plan.p2p_bytes, stride, cluster))
         parts_of.append(parts)
         dur_of.append(sum(parts.values()))
     dur_of = np.array(dur_of)

@@ -198,7 +198,8 @@ def evaluate_candidate(ctx: EvalContext, cand: Candidate, timeline: bool = False
                       label=cand.parallel.label() if cand.parallel.dp else "", gpus=cand.parallel.gpus or 0)
     gpus = res.gpus or cand.parallel.gpus or 0
     if res.feasible:
-        res.extra.update(cost.run_costs(res.tokens_per_s, cluster, gpus, ctx.job, ctx.gpus_per_chassis))
+        res.extra.update(cost.run_costs(res.tokens_per_s, cluster, gpus, ctx.job, ctx.gpus_per_chassis,
+                                        cost.utilisation(res.breakdown, res.step_time_s)))
     else:  # no run to cost, but the cluster still has a price
         res.extra.update(capex_usd=cost.capex_usd(cluster, gpus, ctx.gpus_per_chassis),
                          power_kW=cost.power_W(cluster, gpus, ctx.gpus_per_chassis) / 1000.0)

@@ -33,7 +33,7 @@ from comet.config.moe import Dispatcher
 from comet.config.parallel import ParallelConfig, Precision
 from comet.graph.ir import Collective, GroupKind, KernelClass, Op, OpKind
 from comet.workload import layers
-from comet.workload.layers import ACT_BYTES, BlockBuilder, Deps, Dims
+from comet.workload.layers import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims
 
 FP8_SAVED_BYTES = 1        # FP8 GEMM inputs saved for backward (Transformer Engine)
 ROUTER_LOGIT_BYTES = 4      # router logits / probabilities kept in fp32 (Megatron-Core router: float32 softmax)
@@ -63,9 +63,11 @@ def dispatch_bytes(model: ModelSpec, par: ParallelConfig) -> float:
 def _grouped_gemm(bb: BlockBuilder, name: str, m: float, n: int, k: float, experts: int, deps: Deps) -> int:
     """`experts` GEMMs of m x n x k each as one grouped kernel (TE/CUTLASS grouped GEMM). Small per-expert
     shapes pay their wave-quantization and k-loop overheads in the GEMM model; FP8 applies to it as to
-    the dense GEMMs."""
+    the dense GEMMs, with the same fused cast + transpose of the m x k operand (not for the wgrad)."""
     m_i, k_i = max(1, round(m)), max(1, round(k))
     fp8 = bb.par.precision is Precision.FP8
+    if fp8 and not name.endswith(".wgrad"):   # TE GroupedLinear: fused multi cast + transpose, as BlockBuilder.gemm
+        deps = [bb.memory(f"{name}.fp8_cast_transpose", m_i * k_i * experts * (ACT_BYTES + 2 * FP8_BYTES), deps)]
     return bb._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m_i, n, k_i, experts),
                       flops=2.0 * m_i * n * k_i * experts, dtype_bytes=1 if fp8 else 2, phase=bb.phase), deps)
 
@@ -102,18 +104,38 @@ def _shared_dims(model: ModelSpec, par: ParallelConfig) -> Dims:
     return replace(Dims.of(model, par), f=model.moe.shared_ffn_hidden)
 
 
+def _expert_weight_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """bf16 weights of this rank's experts of one layer (E/ep experts, each split over etp)."""
+    return routed_expert_params(model) / (par.ep * par.expert_tp) * ACT_BYTES
+
+
+def _fsdp_experts(bb: BlockBuilder, model: ModelSpec, backward: bool) -> Deps:
+    """ZeRO-3 / FSDP over expert-DP: the layer's expert weights are all-gathered (prefetched one layer ahead,
+    like the dense weights in layers._zero3_and_offload) and, backward, their gradients reduce-scattered.
+    Returns what the first expert GEMM waits for (the gather, when it is not prefetched)."""
+    par = bb.par
+    if par.zero < 3 or par.expert_dp <= 1:
+        return []
+    w = _expert_weight_bytes(model, par)
+    ag = bb.collective("zero3.expert_all_gather", Collective.ALL_GATHER, w, GroupKind.EDP, [])
+    if backward:
+        bb.collective("zero3.expert_reduce_scatter", Collective.REDUCE_SCATTER, w, GroupKind.EDP, [])
+    return [ag] if not backward and not par.overlap_param_gather else []
+
+
 def moe_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     model, par = bb.model, bb.par
     moe = model.moe
     n = D.Ts
     local, f_local, gate, m_e = _expert_dims(model, par)
+    gathered = _fsdp_experts(bb, model, backward=False)
     start = x
     x = [bb.gemm("router", n, moe.num_experts, D.h, x)]
     x = [bb.memory("router.topk_softmax", n * moe.num_experts * ROUTER_LOGIT_BYTES * 3, x)]
     x = [bb.memory("moe.permute", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     x = _exchange(bb, "dispatch", model, x)
     rows = m_e * local
-    x = [_grouped_gemm(bb, "experts.fc1", m_e, gate * f_local, D.h, local, x)]
+    x = [_grouped_gemm(bb, "experts.fc1", m_e, gate * f_local, D.h, local, x + gathered)]
     x = [bb.memory(f"experts.{D.act}", rows * f_local * ACT_BYTES * (gate + 1), x)]
     x = [_grouped_gemm(bb, "experts.fc2", m_e, D.h, f_local, local, x)]
     x = _exchange(bb, "combine", model, x)
@@ -131,6 +153,7 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     moe = model.moe
     n = D.Ts
     local, f_local, gate, m_e = _expert_dims(model, par)
+    _fsdp_experts(bb, model, backward=True)
     start = x
     x = [bb.memory("moe.unpermute.bwd", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     x = _exchange(bb, "combine.bwd", model, x)      # gradient of the combine: all-to-all to the experts

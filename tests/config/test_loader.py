@@ -27,7 +27,7 @@ def test_h100_spec_loads_with_datasheet_numbers(h100):
 
 
 def test_unknown_key_names_file_and_path(tmp_path, repo_root):
-    p = write(tmp_path, cluster_text(repo_root).replace("    latency_us: 8.0", "    latency_us: 8.0\n    colour: red"))
+    p = write(tmp_path, cluster_text(repo_root).replace("    latency_us: 14.0", "    latency_us: 14.0\n    colour: red"))
     with pytest.raises(ConfigError, match=r"x\.yaml: network\[1\]\.colour: unknown key"):
         load_cluster(p)
 
@@ -70,5 +70,5 @@ def test_cluster_spec_by_name_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert load_cluster("h100_dgx").gpu.sms == 132
     assert load_cluster("cluster_specs/a100_dgx.yaml").gpu.sms == 108
-    with pytest.raises(ConfigError, match="unknown cluster spec 'nope' \\(known: a100_dgx, h100_dgx"):
+    with pytest.raises(ConfigError, match="unknown cluster spec 'nope' \\(known: a100_dgx, (.*, )?h100_dgx"):
         load_cluster("nope")

@@ -44,9 +44,9 @@ def test_provisioning_changes_cost(dgx):
     # 2:1 oversubscribed fabric: half the IB charge
     over = apply_provisioning(dgx, {"oversubscription": 2.0})
     assert cost.capex_usd(over, 64) == pytest.approx(base - 64 * 50 * 60 / 2)
-    # 512 GB expansion per GPU at 5 USD/GB, 0.375 W/GB
+    # 512 GB expansion per GPU at 5 USD/GB and 100 GB/s at 40 USD per GB/s, 0.375 W/GB
     exp = apply_provisioning(dgx, {"expansion_GB": 512.0, "expansion_bandwidth_GBps": 100.0})
-    assert cost.capex_usd(exp, 64) == pytest.approx(base + 64 * 512 * 5.0)
+    assert cost.capex_usd(exp, 64) == pytest.approx(base + 64 * 512 * 5.0 + 64 * 100 * 40.0)
     assert cost.power_W(exp, 64) == pytest.approx(cost.power_W(dgx, 64) + 64 * 512 * 0.375)
 
 
