@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench validate clean
+.PHONY: run test bench validate trace-check clean fuzz kill-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,21 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:cacheprovider benchmarks
 
+# Robustness checks, not part of `make test` (minutes each): a freshly generated corpus of ~1,000
+# malformed inputs of every kind run through the CLI, and kill -9 at 50% of a search then a resume.
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzz/corpus.py --per-kind 120
+
+kill-check: $(STAMP)
+	$(BIN)/python tests/robust/kill9_check.py
+
 validate: $(STAMP)
 	$(BIN)/comet validate
+
+# Real A -> B evidence (not part of `make test`): comet grounded in the recorded CPU trace of configuration A
+# predicts the measured step time of configuration B (comet/trace/ab_check.py, docs/traces.md).
+trace-check: $(STAMP)
+	$(BIN)/python -m comet.trace.ab_check
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -5,6 +5,7 @@ reason, never as exceptions."""
 from __future__ import annotations
 
 from comet.config.cluster import ClusterSpec
+from comet.config.cluster_checks import check_job_fits_domains
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
@@ -21,6 +22,7 @@ from comet.workload.memory import MemoryEstimate, estimate_memory
 def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> ParallelConfig:
     """Derive dp / SP and check every rule, including what the hardware can run."""
     par = parallel.resolve(model)
+    check_job_fits_domains(cluster, par.gpus)
     if par.precision.value not in cluster.gpu.peak_tflops:
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
                           f"(peaks given: {', '.join(cluster.gpu.peak_tflops)})", field="precision")
@@ -110,6 +112,8 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
                  breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))
     res.extra["critical_stage"] = rep.critical_stage
+    if mem.tight:   # over the nominal HBM, inside the fit margin (comet.workload.memory.FIT_MARGIN)
+        res.extra["memory_tight"] = True
     if job is not None:
         res.extra["time_to_train_s"] = job.total_tokens / res.tokens_per_s
     if timeline:

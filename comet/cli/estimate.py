@@ -41,6 +41,13 @@ def register(sub) -> None:
     p.add_argument("--vpp", type=positive_int, help="virtual pipeline stages (implies interleaved 1F1B)")
     p.add_argument("--pp-first-stage-layers", type=positive_int, help="uneven pipeline: layers on the first stage")
     p.add_argument("--pp-last-stage-layers", type=positive_int, help="uneven pipeline: layers on the last stage")
+    p.add_argument("--pp-embedding-as-layer", action="store_const", const=True,
+                   help="count the embedding as one layer in the pipeline split (Megatron-Core)")
+    p.add_argument("--pp-loss-as-layer", action="store_const", const=True,
+                   help="count the loss as one layer in the pipeline split (Megatron-Core)")
+    p.add_argument("--overlap-p2p-comm", action="store_const", const=True,
+                   help="interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)")
+    p.add_argument("--grad-dtype", choices=["fp32", "bf16"], help="gradient reduce dtype (default fp32)")
     p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
     p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
     p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")
@@ -235,6 +242,10 @@ def _print_tables(model, cluster, par, res, timeline_path) -> None:
             ("memory per GPU", f"{res.memory_gb_per_gpu:.1f} GB of {cluster.gpu.hbm_GB:g} GB")]
     if "time_to_train_s" in res.extra:
         rows.append(("time to train", f"{res.extra['time_to_train_s'] / 86400:.1f} days"))
+    from comet.validate.uncertainty import band_for   # expected error from the validation residuals
+    band = band_for(model, par)
+    if band is not None:
+        rows.append(("expected error (time metrics)", str(band)))
     for k, v in rows:
         t.add_row(k, v)
     con.print(t)

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     p.add_argument("--chunk", type=positive_int, help="candidates per Ray task (default: sized to the work)")
     p.add_argument("--force", action="store_true", help="enumerate a grid larger than 1,000,000 points")
     p.add_argument("--no-timelines", action="store_true", help="skip the Chrome-trace timelines of the top designs")
+    p.add_argument("--top", type=int, metavar="N",
+                   help="print each objective's N best Pareto designs (default: the whole front)")
     p.set_defaults(func=run)
 
 
@@ -44,6 +46,9 @@ class _RichProgress:
                             transient=False)
         self.task = None
         self.ok = 0
+
+    def placed(self, where):
+        self.console.print(f"running on {where}", highlight=False)
 
     def start(self, total, resumed):
         if resumed:
@@ -69,6 +74,9 @@ class _LineProgress:
     def __init__(self, console: Console):
         self.console = console
         self.total, self.done, self.next_mark, self.t0 = None, 0, 0.1, 0.0
+
+    def placed(self, where):
+        self.console.print(f"running on {where}", highlight=False)
 
     def start(self, total, resumed):
         import time
@@ -97,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from comet.search.driver import RunOptions, run_study
     from comet.search.space import grid_size, load_space
 
-    for flag in ("workers", "trials", "chunk"):
+    for flag in ("workers", "trials", "chunk", "top"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"must be >= 1, got {value}", field=f"--{flag}")
@@ -114,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
                   + (f" ({args.workers} workers)" if args.workers else "")
                   + (f"; grid of {size:,} points before pruning" if size != float("inf") else ""))
     outcome = run_study(space, opts)
-    _print_outcome(console, outcome, space)
+    _print_outcome(console, outcome, space, args.top)
     return 130 if outcome.interrupted else 0
 
 
-def _print_outcome(console: Console, outcome, space) -> None:
+def _print_outcome(console: Console, outcome, space, top: int | None = None) -> None:
     if outcome.base_note:
         console.print(outcome.base_note)
     s = outcome.stats
@@ -128,16 +136,7 @@ def _print_outcome(console: Console, outcome, space) -> None:
     console.print(f"evaluated {outcome.evaluated_now} now + {outcome.resumed} resumed; results: "
                   + ", ".join(f"{k} {v}" for k, v in status.items()) + f"; {outcome.wall_s:.1f} s")
     if not outcome.front.empty:
-        from comet.search.analysis import cluster_columns
-        cols = ["gpus", "label", "offload"] + [o.column for o in space.objectives if o.column not in ("gpus",)]
-        extra = [c for c in cluster_columns(outcome.frame) if c != "gpus"]
-        table = Table(title=f"Pareto set ({len(outcome.front)} designs)")
-        for c in extra + cols:
-            table.add_column(HEADERS.get(c, c), justify="right" if c != "label" else "left",
-                             no_wrap=c == "label", min_width=30 if c == "label" else None)
-        for _, r in outcome.front.head(25).iterrows():
-            table.add_row(*[_cell(r[c]) for c in extra + cols])
-        console.print(table)
+        console.print(_front_table(outcome, space, top))
     if outcome.budget_stop:
         console.print("[yellow]wall-time budget reached[/]: candidates are left; run the same command again "
                       "to continue", highlight=False)
@@ -148,11 +147,37 @@ def _print_outcome(console: Console, outcome, space) -> None:
     sys.stdout.flush()
 
 
-HEADERS = {"expansion_GB": "exp GB", "expansion_bandwidth_GBps": "exp GB/s", "scaleup_size": "NVL",
-           "scaleup_bandwidth_GBps": "NVL GB/s", "scaleout_bandwidth_GBps": "IB GB/s", "hbm_GB": "HBM GB",
-           "hbm_bandwidth_GBps": "HBM GB/s", "oversubscription": "oversub", "compute_scale": "FLOP x",
-           "time_to_train_days": "days", "cost_per_run_usd": "run USD", "capex_usd": "capex USD",
-           "energy_MWh": "MWh", "step_time_s": "step s"}
+def _front_table(outcome, space, top: int | None) -> Table:
+    """The Pareto front (equivalent designs merged), or each objective's `top` best: a design column that
+    wraps (cluster axes that vary, then the layout) and the objectives, so it fits an 80-column terminal."""
+    from comet.search.analysis import cluster_columns
+    from comet.search.front import merge_equivalent, sort_by, top_per_objective
+    from comet.search.naming import cluster_name, parallel_name
+
+    merged = merge_equivalent(outcome.front, space)
+    rows = top_per_objective(merged, space, top) if top else sort_by(merged, space.objectives[0], space.objectives)
+    varying = [c for c in cluster_columns(outcome.frame) if c != "gpus"]
+    what = f"each objective's best {top}" if top else "whole front"
+    table = Table(title=f"Pareto set: {len(outcome.front)} designs, {len(merged)} distinct ({what})",
+                  show_lines=True)
+    table.add_column("design (cluster | layout)", ratio=3, overflow="fold")
+    cols = [o.column for o in space.objectives] + [c for c in ("step_time_s", "mfu") if c not in
+                                                   [o.column for o in space.objectives]]
+    for c in cols:
+        table.add_column(HEADERS.get(c, c), justify="right", ratio=1)
+    if top:
+        table.add_column("top for", ratio=1, overflow="fold")
+    for _, r in rows.iterrows():
+        name = f"{cluster_name(r, varying)} | {parallel_name(r)}"
+        if r.get("equivalent"):
+            name += f" (same at {r['equivalent']})"
+        cells = [name] + [_cell(r[c]) for c in cols] + ([r["best_for"]] if top else [])
+        table.add_row(*cells)
+    return table
+
+
+HEADERS = {"time_to_train_days": "days", "cost_per_run_usd": "USD/run", "capex_usd": "capex USD",
+           "energy_MWh": "MWh", "step_time_s": "step s", "mfu": "MFU", "gpus": "GPUs"}
 
 
 def _cell(v) -> str:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from comet.cli.argtypes import non_negative_float, positive_int
-from comet.errors import ConfigError
+from comet.errors import ConfigError, TraceError
 from comet.graph.ir import ops
 
 
@@ -130,13 +131,20 @@ def run_import(args) -> int:
 
 
 def run_replay(args) -> int:
-    from comet.trace.replay import replay_trace, timeline
+    from comet.trace.replay import replay_trace, timeline, timing_gaps
     g = _load(args)
+    timed, notes = timing_gaps(g)
+    if not timed:   # every op would replay as 0 s: refuse rather than print a 0.000 ms step
+        raise TraceError("no op has a measured duration (a host-only execution trace, or a Chakra trace without "
+                         "durations), so the replay would be 0 s" + (f"; {notes[-1]}" if notes else ""),
+                         path=" ".join(args.paths))
+    for note in notes:
+        print(f"comet: warning: {note}", file=sys.stderr)
     report = replay_trace(g, overlap_slowdown=args.overlap_slowdown, top=args.top)
     if args.timeline:
         Path(args.timeline).write_text(json.dumps(timeline(report.replay)))
     if args.json:
-        print(json.dumps(report.to_dict()))
+        print(json.dumps({**report.to_dict(), "warnings": notes}))
         return 0
     console = Console()
     table = Table(title="trace replay: predicted vs measured iteration time"

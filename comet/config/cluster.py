@@ -233,4 +233,6 @@ def resolve_cluster_path(name_or_path: str | Path) -> Path:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    return load(ClusterSpec, resolve_cluster_path(path))
+    from comet.config.cluster_checks import check_cluster   # cross-field rules of the file
+    path = resolve_cluster_path(path)
+    return check_cluster(load(ClusterSpec, path), str(path))

@@ -110,7 +110,7 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"must be a number, got {value!r}", source=source, field=path)
-        check_scalar(float(value), source, path)     # finite, magnitude bounded
+        check_scalar(value, source, path)     # finite, magnitude bounded (before float() of a huge int)
         return float(value)
     if tp is str:
         if not isinstance(value, str):

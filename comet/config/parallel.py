@@ -24,6 +24,13 @@ class Recompute(str, enum.Enum):
     FULL = "full"             # recompute each layer's forward before its backward
 
 
+class SelectivePolicy(str, enum.Enum):
+    """What `recompute: selective` keeps, as each stack implements it."""
+    ATTENTION = "attention"   # Megatron / Korthikanti: recompute the attention core only
+    OP_SAC = "op_sac"         # torchtitan per-op SAC: keep SDPA outputs and every second matmul output
+    SAVE_QKV = "save_qkv"     # MaxText remat_policy save_qkv_proj: keep the layer input and Q/K/V only
+
+
 class Precision(str, enum.Enum):
     BF16 = "bf16"
     FP16 = "fp16"
@@ -55,10 +62,12 @@ class ParallelConfig:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     micro_batch: int = field(default=1, metadata=positive())
     recompute: Recompute = Recompute.NONE
+    selective_policy: SelectivePolicy = SelectivePolicy.ATTENTION
     zero: int = 1                              # 0..3; Megatron's distributed optimizer is stage 1
     precision: Precision = Precision.BF16
     overlap_grad_reduce: bool = True           # DP reduce-scatter/all-reduce overlaps backward
     overlap_param_gather: bool = True          # ZeRO param all-gather overlaps the next forward
+    overlap_p2p_comm: bool = False             # interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
     offload: tuple[OffloadTarget, ...] = ()
@@ -71,6 +80,8 @@ class ParallelConfig:
     moe_overlap_a2a: bool = False                             # dispatch/combine hidden by the other micro-batch's
                                                               # compute [--overlap-moe-expert-parallel-comm, DeepEP]
     grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
+    fp8_impl: str = "te"                       # te: Transformer Engine (FP8 weight caches, FP8 saved inputs);
+                                               # torchao: Float8Linear casts on the fly, saves BF16 inputs
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
     fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
@@ -164,6 +175,7 @@ class ParallelConfig:
              f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+        rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
         rule(not self.fp8_params or self.precision is Precision.FP8, "fp8_params",
              f"FP8 weights need precision fp8, got {self.precision.value}")
         # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per

@@ -191,6 +191,8 @@ class PipelinePlan:
     p2p_bytes: float                       # activation (or gradient) bytes sent between stages per micro-batch
     p2p_group_stride: int = 1              # global-rank distance between neighbouring stages
     recompute_layers: int = 0              # layers per chunk that run the "layer.recompute" block before backward
+    p2p_exposed: float = 1.0               # share of the stage-to-stage sends that block their task (1 = all;
+                                           # overlapped p2p exposes only warm-up / cool-down: builder.build_plan)
     chunk_layer_kinds: tuple[tuple[str, ...], ...] = ()   # per chunk, each layer's block prefix in order
                                                           # ("layer" or "moe_layer"); empty: all "layer"
 

@@ -87,6 +87,8 @@ def compute_op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     if op.kernel is KernelClass.GEMM:
         m, n, k = op.shape[:3]
         batch = op.shape[3] if len(op.shape) > 3 else 1
+        if precision == "fp8" and op.dtype_bytes >= 2:   # a 16-bit GEMM inside an FP8 run (output layer)
+            precision = "bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16"
         return gemm_time_s(m, n, k, cluster, precision, op.dtype_bytes, batch)
     if op.kernel is KernelClass.ATTENTION:
         return attention_time_s(op.flops, op.phase in (Phase.BACKWARD,), cluster)

@@ -31,7 +31,7 @@ def compile_graph(g: nx.DiGraph, where: str = "graph") -> CompiledGraph:
     """Index nodes in insertion order; resources are (rank, stream); matched comm ops grouped by comm_id."""
     node_ids = list(g.nodes)
     index = {nid: i for i, nid in enumerate(node_ids)}
-    ops = [op for _, op in g.nodes(data="op")]
+    ops = [g.nodes[nid]["op"] for nid in node_ids]
     res_of: dict[tuple, int] = {}
     resource = [res_of.setdefault((op.rank, op.stream), len(res_of)) for op in ops]
     preds: list[list[tuple[int, float]]] = [[] for _ in node_ids]

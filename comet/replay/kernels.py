@@ -164,3 +164,81 @@ def pipeline_tasks(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarra
         down = not down
     last_b = pos[:, 1, :, m - 1].copy()
     return phase, chunk, mb, dur, src, release, end, last_b, left == 0
+
+
+@njit(cache=True, nogil=True)
+def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, f_dur: np.ndarray,
+                     b_dur: np.ndarray, f_release: np.ndarray):
+    """pipeline_tasks without the per-task arrays: what the step replay reads of the task level.
+    Returns, per stage, the end of its last task, the start of every chunk's last backward (pp, vpp),
+    the idle time waiting for other stages (bubble) and waiting for a parameter all-gather (a first
+    forward that starts at its release, its input having arrived earlier); and whether every task was
+    scheduled. The same order and arithmetic as pipeline_tasks, task by task."""
+    per = 2 * m * vpp
+    total = m * vpp
+    end4 = np.full((pp, 2, vpp, m), -1.0)                  # (stage, phase, chunk, mb) -> end time
+    ptr = np.zeros(pp, dtype=np.int64)
+    prev = np.zeros(pp)
+    last_b_start = np.zeros((pp, vpp))
+    bubble = np.zeros(pp)
+    gather_wait = np.zeros(pp)
+    left = pp * per
+    down = True
+    while left > 0:
+        progressed = False
+        for k in range(pp):
+            s = k if down else pp - 1 - k
+            j = ptr[s]
+            w = warm[s]
+            while j < per:
+                if j < w:
+                    fwd, index = True, j
+                elif j < 2 * total - w:
+                    q = j - w
+                    if q & 1 == 0:
+                        fwd, index = True, w + (q >> 1)
+                    else:
+                        fwd, index = False, q >> 1
+                else:
+                    fwd, index = False, j - total
+                if interleaved:
+                    group = index // (pp * vpp)
+                    in_group = index % (pp * vpp)
+                    c = in_group // pp if fwd else vpp - 1 - in_group // pp
+                    b = group * pp + in_group % pp
+                else:
+                    c, b = 0, index
+                ph = 0 if fwd else 1
+                # the previous virtual stage (forward) or the next one (backward): vs = chunk * pp + stage
+                if fwd:
+                    ss, cc = (s - 1, c) if s > 0 else (pp - 1, c - 1)
+                else:
+                    ss, cc = (s + 1, c) if s < pp - 1 else (0, c + 1)
+                t = 0.0
+                if cc >= 0 and cc < vpp:
+                    t = end4[ss, ph, cc, b]
+                    if t < 0.0:
+                        break                              # its input is not computed yet
+                src_end = t
+                r = f_release[s, c] if (fwd and b == 0) else 0.0
+                if r > t:
+                    t = r
+                start = prev[s] if prev[s] > t else t
+                gap = start - prev[s]
+                if r > 0.0 and start == r and src_end < start:
+                    gather_wait[s] += gap
+                else:
+                    bubble[s] += gap
+                if not fwd and b == m - 1:
+                    last_b_start[s, c] = start
+                prev[s] = start + (f_dur[s, c] if fwd else b_dur[s, c])
+                end4[s, ph, c, b] = prev[s]
+                j += 1
+            if j != ptr[s]:
+                left -= j - ptr[s]
+                ptr[s] = j
+                progressed = True
+        if not progressed:
+            break
+        down = not down
+    return prev, last_b_start, bubble, gather_wait, left == 0

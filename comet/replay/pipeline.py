@@ -21,7 +21,7 @@ import numpy as np
 
 from comet.errors import GraphError
 from comet.replay import cache
-from comet.replay.kernels import HAVE_NUMBA, longest_path, pipeline_tasks
+from comet.replay.kernels import HAVE_NUMBA, longest_path, pipeline_summary, pipeline_tasks
 from comet.replay.schedule import BWD, FWD, all_stage_tasks, warmups
 
 
@@ -110,6 +110,49 @@ def run(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.n
         raise GraphError("pipeline replay did not converge (the schedule has a dependency cycle)")
     per = 2 * m * vpp
     return StagePrograms(phase, chunk, mb, dur, src, release, np.arange(pp + 1) * per, last_b), end
+
+
+@dataclass
+class PipelineSummary:
+    """What the step replay reads of the task level, per stage."""
+    compute_end: np.ndarray      # (pp,) end of the stage's last task
+    last_b_start: np.ndarray     # (pp, vpp) start of each chunk's last backward (the last micro-batch's)
+    bubble: np.ndarray           # (pp,) idle, waiting for other stages
+    gather_wait: np.ndarray      # (pp,) idle, waiting for a parameter all-gather (input already there)
+
+
+def summarize(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.ndarray,
+              f_release: np.ndarray) -> PipelineSummary:
+    """The task level reduced to per-stage figures: compiled in one pass without per-task arrays when
+    numba is installed (kernels.pipeline_summary), else from run()'s arrays."""
+    if HAVE_NUMBA:
+        interleaved = schedule == "interleaved_1f1b" and vpp > 1
+        compute_end, last_b_start, bubble, gather_wait, complete = pipeline_summary(
+            interleaved, pp, vpp, m, warmups(schedule, pp, vpp, m).astype(np.int64),
+            np.ascontiguousarray(f_dur, float), np.ascontiguousarray(b_dur, float),
+            np.ascontiguousarray(f_release, float))
+        if not complete:
+            raise GraphError("pipeline replay did not converge (the schedule has a dependency cycle)")
+        return PipelineSummary(compute_end, last_b_start, bubble, gather_wait)
+    prog, end = run(schedule, pp, vpp, m, f_dur, b_dur, f_release)
+    return summarize_tasks(prog, end)
+
+
+def summarize_tasks(prog: StagePrograms, end: np.ndarray) -> PipelineSummary:
+    """PipelineSummary from every task's end time (numpy). A start is the latest of what the task waits
+    for (exact, unlike end - duration), so a start at the release time is recognised as such."""
+    lo = prog.offset[:-1]
+    prev_end = np.concatenate([[0.0], end[:-1]])
+    prev_end[lo] = 0.0
+    src_end = np.append(end, 0.0)[np.minimum(prog.src, len(end))]
+    start = np.maximum(np.maximum(prev_end, src_end), prog.release)
+    gaps = start - prev_end
+    waiting = (prog.release > 0) & (start == prog.release) & (src_end < start)
+    per_stage = np.repeat(np.arange(len(lo)), np.diff(prog.offset))
+    pp = len(lo)
+    return PipelineSummary(end[prog.offset[1:] - 1], start[prog.last_b],
+                           np.bincount(per_stage, np.where(waiting, 0.0, gaps), minlength=pp),
+                           np.bincount(per_stage, np.where(waiting, gaps, 0.0), minlength=pp))
 
 
 def solve(prog: StagePrograms, max_sweeps: int | None = None) -> np.ndarray:

@@ -12,7 +12,7 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
 from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
-from comet.replay.pipeline import StagePrograms
+from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
 from comet.replay.timing import timed_s
@@ -37,13 +37,29 @@ class StepReplay:
     breakdown: dict[str, float]
     critical_stage: int
     stage_end: np.ndarray
-    programs: StagePrograms
-    task_end: np.ndarray
     blocks: dict[str, BlockTiming]
     tails: list[StageTail]
     f_parts: list            # [stage][chunk] -> parts dict of a forward task
     b_parts: list
     plan: object = None      # the PipelinePlan replayed
+    task_durations: tuple = ()   # (f_dur, b_dur, f_release) per (stage, chunk): the task level's inputs
+    _tasks: tuple | None = field(default=None, repr=False)
+
+    def tasks(self) -> tuple[StagePrograms, np.ndarray]:
+        """Every task (StagePrograms) and its end time; built on demand (a timeline), the step itself
+        needs only the per-stage summary."""
+        if self._tasks is None:
+            plan = self.plan
+            self._tasks = run_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, *self.task_durations)
+        return self._tasks
+
+    @property
+    def programs(self) -> StagePrograms:
+        return self.tasks()[0]
+
+    @property
+    def task_end(self) -> np.ndarray:
+        return self.tasks()[1]
 
 
 def _scaled(parts: dict, k: float, into: dict) -> None:
@@ -79,7 +95,8 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
         for key in keys:
             _scaled(blocks[key].parts, 1, parts)
         if stride is not None:
-            parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + p2p_time_s(plan.p2p_bytes, stride, cluster)
+            parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
+                                   + plan.p2p_exposed * p2p_time_s(plan.p2p_bytes, stride, cluster))
         parts_of.append(parts)
         dur_of.append(sum(parts.values()))
     dur_of = np.array(dur_of)
@@ -130,15 +147,16 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                                      for k in range(bs.count)]
             clock += bs.count * d
         gather_end[s] = clock
-    prog, end = run_pipeline(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    tails = _tails(graph, prog, end, gather_end, t, blocks, record=keep_block_replays)
-    for s in range(pp):
-        tails[s].dp_events[:0] = gather_events[s]
+    summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
+    tails = _tails(graph, summary, gather_end, t, blocks, record=keep_block_replays)
+    if keep_block_replays:
+        for s in range(pp):
+            tails[s].dp_events[:0] = gather_events[s]
     stage_end = np.array([tl.end for tl in tails])
     crit = int(np.argmax(stage_end))
-    breakdown = _breakdown(prog, end, tails[crit], crit, f_parts, b_parts)
-    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, prog, end, blocks, tails, f_parts, b_parts,
-                      plan)
+    breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
+    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, blocks, tails, f_parts, b_parts, plan,
+                      (f_dur, b_dur, f_release))
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
@@ -161,33 +179,34 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     return ready
 
 
-def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t, blocks,
+def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
            record: bool = False) -> list[StageTail]:
     """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
     `record` (for the timeline)."""
     plan = graph.plan
     pp = plan.pp
-    last_b = prog.last_b                                           # (stage, chunk) -> its last backward task
-    last_b_start = end[last_b] - prog.dur[last_b]
+    last_b_start = summary.last_b_start                            # (stage, chunk)
     gather_end = np.asarray(gather_end, dtype=float)
-    # perf: stages whose bucket sets and layer counts are the same (every middle stage shares one
-    # StageSync) run their DP streams as rows of one array computation
+    # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
+    # their DP streams, embedding sync and optimizer as rows of one array computation
     groups: dict = {}
-    for s in range(pp):
-        st = graph.stages[s]
-        role = tuple((plan.chunk_layers[bs.chunk * pp + s], bs.chunk * pp + s == 0,
-                      bs.chunk * pp + s == pp * plan.vpp - 1) for bs in st.grad_buckets)
-        groups.setdefault((id(st), role), []).append(s)
+    for s, st in enumerate(graph.stages):
+        role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
+        groups.setdefault(role, []).append(s)
     dp_end = gather_end.copy()
+    adam = np.zeros(pp)
+    link = np.zeros(pp)
     events: list = [[] for _ in range(pp)]
     for stages in groups.values():
         st = graph.stages[stages[0]]
+        rows = np.asarray(stages)
+        adam[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
+        link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
         if not st.grad_buckets:
             continue
         offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
         durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
         chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
-        rows = np.asarray(stages)
         ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
         order = np.argsort(ready, axis=1, kind="stable")
         ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
@@ -196,55 +215,50 @@ def _tails(graph: StepGraph, prog: StagePrograms, end: np.ndarray, gather_end, t
             names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
             for r, s in enumerate(stages):
                 events[s] = [(names[i], e - durs[i], e) for i, e in zip(order[r].tolist(), ends[r].tolist())]
-    compute_end = end[prog.offset[1:] - 1]
-    tails = [StageTail(float(compute_end[s]), 0.0, 0.0, events[s], end=float(dp_end[s])) for s in range(pp)]
+    compute_end = summary.compute_end
+    partner_wait = np.zeros(pp)
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
-    emb = [s for s in range(pp) if graph.stages[s].embedding_sync is not None]
+    emb = [s for s, st in enumerate(graph.stages) if st.embedding_sync is not None]
     if emb:
-        start = max(max(tails[s].compute_end, tails[s].end) for s in emb)
+        ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
+        start = max(ready_at.values())
         for s in emb:
             d = t(graph.stages[s].embedding_sync)
-            tails[s].partner_wait = start - max(tails[s].compute_end, tails[s].end)
-            tails[s].dp_events.append(("embedding.grad_all_reduce", start, start + d))
-            tails[s].end = start + d
-    for s, tl in enumerate(tails):
-        st = graph.stages[s]
-        adam = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
-        link = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
-        tl.adam_s, tl.offload_s = adam, max(0.0, link - adam)
-        tl.optimizer_start = max(tl.compute_end, tl.end)
-        tl.optimizer_end = tl.optimizer_start + adam + tl.offload_s
-        tl.end = tl.optimizer_end
-        if not st.gather_before_forward:
-            for bs in st.param_gathers:
-                d = t(bs.op)
-                tl.dp_events.append((bs.op.name, tl.end, tl.end + bs.count * d))
-                tl.end += bs.count * d
-    return tails
+            partner_wait[s] = start - ready_at[s]
+            events[s].append(("embedding.grad_all_reduce", start, start + d))
+            dp_end[s] = start + d
+    offload = np.maximum(0.0, link - adam)
+    optimizer_start = np.maximum(compute_end, dp_end)
+    optimizer_end = optimizer_start + adam + offload
+    end = optimizer_end.copy()
+    for stages in groups.values():
+        st = graph.stages[stages[0]]
+        if st.gather_before_forward:
+            continue
+        for bs in st.param_gathers:
+            d = t(bs.op)
+            if record:
+                for s in stages:
+                    events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
+            end[stages] += bs.count * d
+    values = zip(compute_end.tolist(), optimizer_start.tolist(), optimizer_end.tolist(), end.tolist(), adam.tolist(),
+                 offload.tolist(), partner_wait.tolist())
+    return [StageTail(ce, os_, oe, events[s], e, a, o, w) for s, (ce, os_, oe, e, a, o, w) in enumerate(values)]
 
 
-def _breakdown(prog: StagePrograms, end: np.ndarray, tail: StageTail, s: int, f_parts, b_parts) -> dict:
-    """Where stage s's time went; the values add up to its end time. Tasks of one (phase, chunk) are
-    identical, so their parts are counted, not visited."""
+def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:
+    """Where stage s's time went; the values add up to its end time. Every stage runs each chunk's
+    forward and backward once per micro-batch, so task parts are counted (m times), not visited."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    lo, hi = prog.offset[s], prog.offset[s + 1]
-    e = end[lo:hi]
-    start = e - prog.dur[lo:hi]
-    gaps = start - np.concatenate([[0.0], e[:-1]])
-    release = prog.release[lo:hi]
-    src_end = np.append(end, 0.0)[np.minimum(prog.src[lo:hi], len(end))]
-    gather_wait = (release > 0) & (start == release) & (src_end < start)
-    out["exposed_dp"] += float(gaps[gather_wait].sum())
-    out["pipeline_bubble"] += float(gaps[~gather_wait].sum())
-    phase, chunk = prog.phase[lo:hi], prog.chunk[lo:hi]
+    out["exposed_dp"] += float(summary.gather_wait[s])
+    out["pipeline_bubble"] += float(summary.bubble[s])
     for c in range(len(f_parts[s])):
-        for ph, parts in ((FWD, f_parts[s][c]), (BWD, b_parts[s][c])):
-            count = int(np.count_nonzero((phase == ph) & (chunk == c)))
+        for parts in (f_parts[s][c], b_parts[s][c]):
             for k, v in parts.items():
-                out[k] += count * v
+                out[k] += m * v
     out["pipeline_bubble"] += tail.partner_wait
-    out["exposed_dp"] += tail.optimizer_start - float(e[-1]) - tail.partner_wait
+    out["exposed_dp"] += tail.optimizer_start - float(summary.compute_end[s]) - tail.partner_wait
     out["optimizer"] += tail.adam_s
     out["offload"] += tail.offload_s
     out["exposed_dp"] += tail.end - tail.optimizer_end

@@ -36,7 +36,7 @@ def step_timeline(rep: StepReplay, plan=None, ops: bool = False, max_events: int
     """Chrome-trace events of one replayed step; op-level slices when `ops` (and the block replays were
     kept and the expansion stays under max_events)."""
     plan = plan or rep.plan
-    prog, end = rep.programs, rep.task_end
+    prog, end = rep.tasks()
     pp = len(prog.offset) - 1
     events: list[dict] = [{"ph": "i", "name": "step start", "s": "g", "pid": 0, "tid": TASKS, "ts": 0.0,
                            "args": {"time_origin": TIME_ORIGIN}}]

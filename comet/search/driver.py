@@ -36,6 +36,7 @@ MAX_GRID_POINTS = 1_000_000
 class Progress:
     """Hooks the CLI implements (with rich); the driver itself prints nothing."""
 
+    def placed(self, where: str) -> None: ...          # where the candidates are evaluated
     def start(self, total: int | None, resumed: int) -> None: ...
     def advance(self, row: dict) -> None: ...
     def finish(self) -> None: ...
@@ -71,6 +72,7 @@ class StudyOutcome:
     budget_stop: bool
     files: list[Path]
     base_note: str = ""          # how the base was grounded (e.g. per-class factors from a profiler trace)
+    where: str = ""              # where it ran: private local Ray, a cluster address, or this process
 
 
 # ----------------------------------------------------------------------------- context
@@ -219,8 +221,11 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
     executor = None
     interrupted = False
+    where = ""
     try:
         executor = make_executor(opts.executor, ctx, opts.workers, opts.address)
+        where = executor.where
+        opts.progress.placed(where)
         if space.method.uses_optuna:
             _run_optuna(space, factory, state, executor, out, seed, trials, deadline, opts)
         else:
@@ -234,7 +239,7 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
         if executor is not None:
             executor.close()
         opts.progress.finish()
-    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts)
+    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts, where)
 
 
 def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
@@ -330,15 +335,20 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
         while executor.in_flight:
             for cand, result, attempts in executor.wait():
                 state.record(cand, result, attempts)
+        first_ask: set[str] = set()
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
             if out_ is None:        # told by the killed run before it died
-                counted += not trial.user_attrs.get("pruned")
+                counted += bool(trial.user_attrs.get("counted"))
             elif isinstance(out_, Pruned):
                 proposer.tell(trial, None, 1.0, out_.reason)
             else:
                 row = state.row(out_.key)
-                proposer.tell(trial, row, res_io.constraint_violation(row, space), row.get("reason", ""))
-                counted += 1
+                new = out_.key in todo and out_.key not in first_ask   # a duplicate does not count
+                first_ask.add(out_.key)
+                proposer.tell(trial, row if row.get("status") == "ok" else None,
+                              res_io.constraint_violation(row, space), row.get("reason", ""), counted=new,
+                              duplicate_of=None if new else out_.key)
+                counted += new
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -351,7 +361,7 @@ def candidate_from_record(rec: dict) -> Candidate:
 
 
 def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerprint, interrupted, t0,
-            opts) -> StudyOutcome:
+            opts, where: str = "") -> StudyOutcome:
     from comet.search import plots, summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
@@ -360,7 +370,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
         "cluster_spec": space.cluster_spec, "seed": seed, "trials": trials, "method": space.method.value,
-        "executor": opts.executor, "workers": opts.workers, "fingerprint": fingerprint}))
+        "executor": opts.executor, "workers": opts.workers, "ran_on": where, "fingerprint": fingerprint}))
     if not interrupted and not df.empty:
         files += plots.write_plots(df, front, space, out)
         if opts.timelines:
@@ -370,7 +380,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
                            resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
                            budget_stop=state.budget_stop, files=files,
-                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "")
+                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where)
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 

@@ -3,12 +3,12 @@
 SerialExecutor evaluates in this process (debugging, tests). RayExecutor runs each chunk as a Ray
 task: the shared context goes into the object store once (`ray.put`), results come back through
 `ray.wait`; a chunk whose worker died is retried once candidate by candidate, and a candidate that
-kills its worker twice is recorded with status error. This is the only module that imports Ray.
+kills its worker twice is recorded with status error. Ray is imported here and in ray_runtime.py (how
+the local Ray starts or a cluster is joined) only.
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import Iterable
 
@@ -22,6 +22,7 @@ class SerialExecutor:
     """Evaluates one submitted chunk per `wait()`, in submission order."""
 
     name = "serial"
+    where = "this process (serial executor)"
 
     def __init__(self, ctx: EvalContext):
         self.ctx = ctx
@@ -51,29 +52,48 @@ def _run_chunk(ctx: EvalContext, chunk: list[Candidate]):
 
 
 class RayExecutor:
-    """Chunks as Ray tasks. Starts a local Ray with `workers` CPUs, or joins `address`."""
+    """Chunks as Ray tasks, on a private local Ray with `workers` CPUs or on the cluster at `address`
+    (comet/search/ray_runtime.py). `where` says which, for the run's first line and summary.md."""
 
     name = "ray"
 
     def __init__(self, ctx: EvalContext, workers: int | None = None, address: str | None = None):
         import ray
 
+        from comet.search import ray_runtime
+
         self._ray = ray
         self._started = False
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-            if address:
-                ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-            else:
-                ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, logging_level="ERROR",
-                         log_to_driver=False)
+        self._cleanup = None
+        self._sigterm = None
+        if ray.is_initialized():          # a caller's own Ray session (notebook, tests): used as it is
+            self.where = f"the Ray session already open in this process ({ray.get_runtime_context().gcs_address})"
+        elif address:
+            self.where = ray_runtime.join(ray, address).describe()
             self._started = True
+        else:
+            placement, self._cleanup = ray_runtime.start_local(ray, workers)
+            self.where = placement.describe()
+            self._started = True
+        self._catch_sigterm()
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or cpus
         self.capacity = 2 * self.workers          # two chunks per worker keep every worker busy
         self._ctx_ref = ray.put(ctx)              # model, cluster, base graph: shipped once
         self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
         self._pending: dict = {}                  # ObjectRef -> (chunk, attempt)
+
+    def _catch_sigterm(self) -> None:
+        """A `kill PID` of the search ends it like Ctrl-C: results saved, Ray shut down, no orphans."""
+        import signal
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        self._sigterm = signal.signal(signal.SIGTERM, interrupt)
 
     @property
     def in_flight(self) -> int:
@@ -116,6 +136,12 @@ class RayExecutor:
         self.cancel()
         if self._started:
             self._ray.shutdown()
+        if self._cleanup is not None:
+            self._cleanup()
+        if self._sigterm is not None:
+            import signal
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
 
 
 def make_executor(kind: str, ctx: EvalContext, workers: int | None, address: str | None):

@@ -3,11 +3,18 @@ in ask order, so a study gives the same trials with the serial and the Ray execu
 (a broken rule, no memory fit, a blown budget) is told as a constraint (`trial.set_constraint`, which
 Optuna 5's TPE and NSGA-II samplers read in place of the deprecated constraints_func), never as a
 failed trial. Stored in results/<study>/optuna.db.
+
+What optuna-dashboard shows: objectives named (`set_metric_names`: time_to_train, cost_per_run, ...); a
+design with results that breaks a budget constraint is COMPLETE with its real values and a violation
+> 0; a design without results (a broken rule, no memory fit, an infeasible replay) is PRUNED with its
+violation and `reason`, never a placeholder value; a design proposed again is told the known result
+with `duplicate_of` and does not count against the trial budget (`counted` marks the trials that do).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +24,6 @@ from optuna.trial import TrialState
 from comet.search.candidates import CandidateFactory, Pruned
 from comet.search.context import Candidate
 from comet.search.space import Axis, Direction, Method, SearchSpace
-
-# Placeholder objective values told for infeasible trials (Optuna needs finite values; the
-# constraint, not the value, ranks them behind every feasible trial).
-_WORST = 1e30
-
 
 def make_sampler(method: Method, seed: int) -> optuna.samplers.BaseSampler:
     if method is Method.OPTUNA_NSGA2:
@@ -40,6 +42,9 @@ def suggest(trial: optuna.Trial, axis: Axis) -> Any:
     return trial.suggest_float(axis.name, r.low, r.high, log=r.log, step=r.step)
 
 
+TOLD = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
 class OptunaProposer:
     """Asks candidates from an Optuna study and tells it their results.
 
@@ -56,12 +61,14 @@ class OptunaProposer:
         self.study = optuna.create_study(study_name=space.study, storage=f"sqlite:///{storage_path}",
                                          directions=directions, sampler=make_sampler(space.method, seed),
                                          load_if_exists=True)
+        with warnings.catch_warnings():   # experimental since Optuna 3.2, unchanged through 5.0
+            warnings.simplefilter("ignore")
+            self.study.set_metric_names([o.metric.value for o in space.objectives])
 
     @property
     def evaluated_before(self) -> int:
-        """Completed trials that passed pruning (the trial budget counts these)."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if not t.user_attrs.get("pruned"))
+        """Trials told by earlier runs that count toward the trial budget (new evaluations, not duplicates)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False, states=TOLD) if t.user_attrs.get("counted"))
 
     @property
     def asked_before(self) -> int:
@@ -100,25 +107,27 @@ class OptunaProposer:
             return None
         index = max(t.user_attrs.get("round", -1) for t in trials)
         members = sorted((t for t in trials if t.user_attrs.get("round", index) == index
-                          and t.state in (TrialState.RUNNING, TrialState.COMPLETE)), key=lambda t: t.number)
+                          and t.state in (TrialState.RUNNING, *TOLD)), key=lambda t: t.number)
         size = max((t.user_attrs.get("round_size", 0) for t in members), default=0) or len(members)
         asked = [self._propose(optuna.trial.Trial(self.study, t._trial_id)) if t.state == TrialState.RUNNING
                  else (t, None) for t in members]
-        told = sum(1 for t in members if t.state == TrialState.COMPLETE and not t.user_attrs.get("pruned"))
+        told = sum(1 for t in members if t.state in TOLD and t.user_attrs.get("counted"))
         return index, size, asked, told
 
-    def tell(self, trial: optuna.Trial, row: dict | None, violation: float, reason: str = "") -> None:
-        """Tell a finished trial; `row` is the flat result row (None for a pruned candidate)."""
+    def tell(self, trial: optuna.Trial, row: dict | None, violation: float, reason: str = "", *,
+             counted: bool = False, duplicate_of: str | None = None) -> None:
+        """Tell a finished trial; `row` is the flat result row (None for a design without results)."""
         trial.set_constraint("violation", violation)   # <= 0 feasible, > 0 infeasible (Optuna's convention)
         if row is None:
             trial.set_user_attr("pruned", True)
         if reason:
             trial.set_user_attr("reason", reason[:500])
-        values = []
-        for obj in self.space.objectives:
-            v = None if row is None else row.get(obj.column)
-            ok = v is not None and math.isfinite(v)
-            if not ok:
-                v = _WORST if obj.direction is Direction.MIN else -_WORST
-            values.append(float(v))
-        self.study.tell(trial, values)
+        if counted:
+            trial.set_user_attr("counted", True)
+        if duplicate_of:
+            trial.set_user_attr("duplicate_of", duplicate_of)
+        values = [None if row is None else row.get(o.column) for o in self.space.objectives]
+        if all(v is not None and math.isfinite(v) for v in values):
+            self.study.tell(trial, [float(v) for v in values])
+        else:   # no objective values: PRUNED, with the reason and the constraint, no placeholder values
+            self.study.tell(trial, state=TrialState.PRUNED)

@@ -215,6 +215,9 @@ PARALLEL_AXES: dict[str, Callable] = {
     "recompute": _enum(Recompute), "zero": _zero, "precision": _enum(Precision), "offload": _offload,
     "overlap_grad_reduce": _bool, "overlap_param_gather": _bool, "overlap_tp_comm": _bool,
     "flash_attention": _bool,
+    # uneven pipelines (comet/config/stages.py): embedding / loss counted as layers, or first / last stage layers
+    "pp_embedding_as_layer": _bool, "pp_loss_as_layer": _bool,
+    "pp_first_stage_layers": _dp, "pp_last_stage_layers": _dp,
     # mixture of experts (comet/config/moe.py)
     "ep": _num(int, 0), "etp": _num(int, 0), "moe_dispatcher": _enum(Dispatcher),
     "moe_capacity_factor": _num(float, 0), "moe_imbalance": _num(float, 1, strict=False), "moe_overlap_a2a": _bool,
@@ -223,6 +226,7 @@ _NUMERIC = {"gpus", "hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_b
             "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale",
             "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp", "moe_capacity_factor", "moe_imbalance"}
 _INTEGER = {"gpus", "scaleup_size", "tp", "pp", "cp", "vpp", "micro_batch", "zero", "ep", "etp"}
+MAX_BATCH = 10_000       # Optuna trials asked per round
 TOP_KEYS = ("study", "model", "base", "job", "cluster", "parallel", "objectives", "constraints", "method",
             "budget", "seed", "batch", "timelines")
 
@@ -378,6 +382,8 @@ def _parse_space(data: Any, source: str) -> SearchSpace:
     if seed >= 2**32:   # numpy / Optuna samplers take a 32-bit seed
         raise ConfigError(f"must be < 2**32, got {seed}", field="seed")
     batch = _num(int, 0)(data.get("batch", 16), "batch")
+    if batch > MAX_BATCH:   # every trial of a round is asked (and held) before any is evaluated
+        raise ConfigError(f"must be <= {MAX_BATCH:,} trials per round, got {batch:,}", field="batch")
     timelines = _num(int, -1)(data.get("timelines", 3), "timelines")
     budget = from_dict(Budget, data.get("budget") or {}, source=source, path="budget")
     if method is not Method.GRID and budget.trials is None and budget.wall_time_s is None:

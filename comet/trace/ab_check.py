@@ -4,15 +4,17 @@ with B's measured step time (`make trace-check`).
     python -m comet.trace.ab_check [DIR] [--cluster SPEC] [--table]
 
 DIR (default data/traces/cpu) holds one folder per recorded configuration (comet/trace/record.py):
-rank<r>_kineto.json.gz, rank<r>_et.json.gz and measured.yaml (the configuration and the median of its
-unprofiled step times). For each pair (A, B) of PAIRS: recognise A's trace, ground the base in it
+rank<r>_kineto.json.gz, rank<r>_et.json.gz and measured.yaml (the configuration and its unprofiled
+step times). The measured step time is the minimum over the samples (`--stat min`, the default: the
+run with the least interference on a machine shared with other users; timeit's rationale) or their
+median (`--stat median`). For each pair (A, B) of PAIRS: recognise A's trace, ground the base in it
 (comet/trace/ground.py), evaluate B's configuration on that base (transform_to + replay) on the cluster
 spec of the machine the traces were recorded on, and compare with B's measured median. B's trace is not
 read. Prints one line `TRACE_AB_MAPE <percent> over <n> pairs` (with --table, the pairs first).
 
-A's op times come from one profiled step; the profiler's own per-op cost makes that step longer than an
-unprofiled one, so A's measured times are scaled by A's unprofiled median / A's profiled step (both
-measured on A; nothing of B enters).
+A's op times come from one profiled step; the profiler's own per-op cost (and any interference during
+that step) makes it longer than an unprofiled one, so A's measured times are scaled by A's measured
+step time / A's profiled step (both measured on A; nothing of B enters).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from comet.config.cluster import load_cluster
@@ -80,10 +83,18 @@ def config_of(m: dict) -> tuple[ModelSpec, ParallelConfig]:
     return model, par
 
 
-def predict(a: Path, b_measured: dict, cluster) -> float:
-    rec = recognize(a)
-    m_a = measured(a)
-    base, _ = ground(rec, cluster, scale=m_a["step_s_median"] / (rec.step_ms * 1e-3))
+def step_s(m: dict, stat: str) -> float:
+    return m["step_s_min"] if stat == "min" else m["step_s_median"]
+
+
+@lru_cache(maxsize=None)
+def _recognized(a: Path):
+    return recognize(a)
+
+
+def predict(a: Path, b_measured: dict, cluster, stat: str = "min") -> float:
+    rec = _recognized(a)
+    base, _ = ground(rec, cluster, scale=step_s(measured(a), stat) / (rec.step_ms * 1e-3))
     model, par = config_of(b_measured)
     res = evaluate(model, cluster, par, base=base)
     if not res.feasible:
@@ -91,18 +102,19 @@ def predict(a: Path, b_measured: dict, cluster) -> float:
     return res.step_time_s
 
 
-def run(folder: Path, cluster_path: str, table: bool, pairs=PAIRS) -> tuple[float, int]:
+def run(folder: Path, cluster_path: str, table: bool, pairs=PAIRS, stat: str = "min") -> tuple[float, int]:
     cluster = load_cluster(cluster_path)
     errs = []
     for a, b, what in pairs:
         if not (folder / a).is_dir() or not (folder / b).is_dir():
             continue
         mb = measured(folder / b)
-        pred = predict(folder / a, mb, cluster)
-        err = (pred - mb["step_s_median"]) / mb["step_s_median"] * 100
+        pred = predict(folder / a, mb, cluster, stat)
+        meas = step_s(mb, stat)
+        err = (pred - meas) / meas * 100
         errs.append(abs(err))
         if table:
-            print(f"| {what} | {a} | {b} | {mb['step_s_median'] * 1e3:.1f} | {pred * 1e3:.1f} | {err:+.1f} |")
+            print(f"| {what} | {a} | {b} | {meas * 1e3:.1f} | {pred * 1e3:.1f} | {err:+.1f} |")
     mape = sum(errs) / len(errs) if errs else float("nan")
     return mape, len(errs)
 
@@ -112,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("folder", nargs="?", default=DEFAULT_DIR)
     p.add_argument("--cluster", default=DEFAULT_CLUSTER)
     p.add_argument("--table", action="store_true", help="print the pairs (markdown rows) before the summary")
+    p.add_argument("--stat", choices=("min", "median"), default="min", help="measured step time of a configuration")
     args = p.parse_args(argv)
     folder = Path(args.folder)
     if not folder.is_dir():
@@ -120,12 +133,12 @@ def main(argv=None) -> int:
     if args.table:
         print("| change | A | B | measured ms | predicted ms | error % |\n|---|---|---|---|---|---|")
     try:
-        mape, n = run(folder, args.cluster, args.table)
+        mape, n = run(folder, args.cluster, args.table, stat=args.stat)
     except CometError as exc:
         print(f"comet: error: {exc}", file=sys.stderr)
         return 2
     if args.table:
-        cross, n_cross = run(folder, args.cluster, True, CROSS_PAIRS)
+        cross, n_cross = run(folder, args.cluster, True, CROSS_PAIRS, args.stat)
         print(f"(process-count changes, not in the MAPE: {cross:.2f} % over {n_cross} pairs)")
     print(f"TRACE_AB_MAPE {mape:.2f} over {n} pairs")
     return 0

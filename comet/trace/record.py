@@ -19,10 +19,11 @@ Timing on a shared machine: all configurations run in one launch (as many proces
 needs; a smaller one runs on the lowest ranks while the others wait in a barrier) and are timed
 interleaved: `--rounds` rounds, each running `--steps` timed steps of every configuration in turn
 (barrier, step, barrier; wall clock on rank 0). Other users' load then falls on every configuration
-alike, and the median over all samples is the measured step time. In the middle round each
-configuration also runs one step under the profiler (Kineto, `record_shapes`) and one under the ET
-observer. `<name>/measured.yaml` (JSON text; not read as a trace) holds the configuration, the median
-and every sample. Threads are pinned (`torch.set_num_threads(--threads)`). Each trace's
+alike. `<name>/measured.yaml` (JSON text; not read as a trace) holds the configuration, every sample,
+their median and their minimum: the step time with the least interference from other users (the
+rationale of Python's timeit: higher values are other processes, not the code). At `--profiles`
+rounds spread over the run each configuration also runs one step under the profiler (Kineto,
+`record_shapes`); the fastest of them is kept, with one ET observer step right after it. Threads are pinned (`torch.set_num_threads(--threads)`). Each trace's
 `distributedInfo` is rewritten to describe its configuration's own job (ranks, world size, groups).
 """
 
@@ -285,7 +286,9 @@ def _worker(rank: int, args, configs) -> None:
             if step:
                 step()
     samples = {c.name: [] for c in configs}
+    profiled = {c.name: float("inf") for c in configs}   # wall time of the kept profiled step
     out = Path(args.out)
+    profile_rounds = {args.rounds * (i + 1) // (args.profiles + 1) for i in range(args.profiles)}
     for rnd in range(args.rounds):
         for c, step in zip(configs, steps):
             for _ in range(args.steps):
@@ -295,25 +298,34 @@ def _worker(rank: int, args, configs) -> None:
                     step()
                 dist.barrier()
                 samples[c.name].append(time.perf_counter() - t0)
-            if rnd != args.rounds // 2:
+            if rnd not in profile_rounds:
                 continue
-            # Kineto and ET come from two consecutive steps: the ET observer records every op's tensors,
-            # which would inflate the Kineto op times it ran beside; the ops are the same in every step.
+            # --profiles steps under the profiler at rounds spread over the run; the fastest is kept (the
+            # one other users' load disturbed least). Kineto and ET come from two consecutive steps: the ET
+            # observer records every op's tensors, which would inflate the op times it ran beside.
             folder = out / c.name
             folder.mkdir(parents=True, exist_ok=True)
             dist.barrier()
+            t0 = time.perf_counter()
             if step:
                 with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                     with record_function("ProfilerStep#1"):      # the step annotation the importer looks for
                         step()
+            dist.barrier()
+            took = torch.tensor([time.perf_counter() - t0])
+            dist.broadcast(took, src=0)                          # every rank keeps the same step
+            if took.item() >= profiled[c.name]:
+                continue
+            profiled[c.name] = took.item()
+            if step:
+                prof.export_chrome_trace(str(folder / f"rank{rank}_kineto.json"))
+                _rewrite_dist_info(folder / f"rank{rank}_kineto.json", c, rank)
+                _gzip(folder / f"rank{rank}_kineto.json")
                 et = ExecutionTraceObserver().register_callback(str(folder / f"rank{rank}_et.json"))
                 et.start()
                 step()
                 et.stop()
                 et.unregister_callback()
-                prof.export_chrome_trace(str(folder / f"rank{rank}_kineto.json"))
-                _rewrite_dist_info(folder / f"rank{rank}_kineto.json", c, rank)
-                _gzip(folder / f"rank{rank}_kineto.json")
                 _gzip(folder / f"rank{rank}_et.json")
             dist.barrier()
     if rank == 0:
@@ -321,7 +333,8 @@ def _worker(rank: int, args, configs) -> None:
             meta = {k: getattr(c, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "micro_batch",
                                               "tp", "dp")}
             meta.update(threads=args.threads, step_s_median=statistics.median(samples[c.name]),
-                        step_s_samples=samples[c.name], rounds=args.rounds, steps_per_round=args.steps,
+                        step_s_min=min(samples[c.name]), step_s_samples=samples[c.name],
+                        profiled_step_s=profiled[c.name], rounds=args.rounds, steps_per_round=args.steps,
                         torch=torch.__version__, dtype="fp32", backend="gloo")
             # JSON text (valid YAML) under a name the trace loader does not read as a trace
             (out / c.name / "measured.yaml").write_text(json.dumps(meta, indent=1) + "\n")
@@ -332,7 +345,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m comet.trace.record", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder; one sub-folder per configuration")
     p.add_argument("configs", nargs="+", help="configurations, L<layers>_h<hidden>_mb<mb>_s<seq>_tp<tp>_dp<dp>")
-    for name, default in (("vocab", 1024), ("threads", 1), ("warmup", 2), ("rounds", 6), ("steps", 2),
+    for name, default in (("vocab", 1024), ("threads", 1), ("warmup", 2), ("rounds", 10), ("steps", 2),
+                          ("profiles", 3),
                           ("port", 29511)):
         p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args(argv)

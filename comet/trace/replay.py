@@ -45,6 +45,24 @@ def _err(pred: float, meas: float | None) -> float | None:
     return None if not meas else 100.0 * (pred - meas) / meas
 
 
+def timing_gaps(g: nx.DiGraph) -> tuple[int, list[str]]:
+    """(timed ops, warnings) of a graph about to be replayed with its measured durations only: an op
+    without one replays as 0 s, which silently makes a host-only execution trace or a Chakra trace
+    (collectives with a comm_size but no duration) a 0 ms step."""
+    ops = [op for _, op in g.nodes(data="op") if op is not None]
+    timed = sum(1 for op in ops if op.duration_s)
+    untimed = [op for op in ops if not op.duration_s]
+    notes = []
+    if untimed and timed:
+        notes.append(f"{len(untimed)} of {len(ops)} ops have no measured duration and replay as 0 s")
+    sized = [op for op in untimed if op.is_comm and op.msg_bytes > 0]
+    if sized:
+        total = sum(op.msg_bytes for op in sized)
+        notes.append(f"{len(sized)} communication ops carry a size ({total / 2**20:,.1f} MiB in all) but no "
+                     "duration: this replay uses measured durations only and does not cost sizes")
+    return timed, notes
+
+
 def rank_offsets(g: nx.DiGraph) -> dict[int, float]:
     """Measured step-start offset of each rank [s] from the earliest rank, {} when not comparable."""
     info = [r for r in g.graph.get("ranks", []) if isinstance(r, dict)]

@@ -22,7 +22,9 @@ Sources of the defaults:
   SDPA flash attention, sequence parallel with TP.
 - llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
   FSDP default), bf16, flash attention, no vocab padding (MPT configs already pad to 50368).
-- MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash.
+- MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash;
+  `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
+- torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
 - DeepSpeed ZeRO-3 as used in SC21 Table 2 (Megatron-DeepSpeed): fp16, unfused attention, activation
   checkpointing of every layer (`--checkpoint-activations`, as in Megatron-DeepSpeed's GPT scripts).
 - Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP.
@@ -49,10 +51,13 @@ class FrameworkDefaults:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     overlap_tp_comm: bool = False
+    overlap_p2p_comm: bool = True            # Megatron-LM arguments.py: on unless --no-overlap-p2p-communication
     grad_dtype: str = "fp32"                 # dtype gradients are accumulated and reduced in
     vocab_pad_to: int = 128                  # Megatron make_vocab_size_divisible_by; 1 = none
     flops_formula: str = "megatron_model"    # how its TFLOP/s / MFU figures count FLOPs
     fp8_recipe: str = "delayed"
+    fp8_impl: str = "te"                     # Transformer Engine; torchtitan uses torchao Float8Linear
+    selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
@@ -63,6 +68,7 @@ _MEGATRON_CORE = FrameworkDefaults(
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
 _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
+                         overlap_p2p_comm=False,
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
 _NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16",
@@ -74,11 +80,13 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "nemo": _NEMO,
     "megatron-bridge": replace(_NEMO, key="megatron-bridge"),
     "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
+                                    selective_policy="op_sac", fp8_impl="torchao",
                                     flops_formula="palm_6n"),
     "automodel": FrameworkDefaults("automodel", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
     "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, overlap_param_gather=False, vocab_pad_to=1,
                                      flops_formula="llm_foundry"),
-    "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
+    "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
+                                 selective_policy="save_qkv"),
     "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
                                    sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
                                    flops_formula="narayanan_eq3"),

@@ -8,7 +8,7 @@ from datetime import date
 from pathlib import Path
 
 from comet.config.cluster import load_cluster
-from comet.validate.calibrate import (LARGE_GEMM_RANGE, PARAMS, PRIOR_GEMM_FP8, PRIORS, FitResult, get_value,
+from comet.validate.calibrate import (LARGE_GEMM_RANGE, PARAMS, PRIORS, FitResult, get_value,
                                       large_gemm_fraction)
 from comet.validate.runner import Validation
 from comet.validate.frameworks import FRAMEWORKS, GENERIC
@@ -16,31 +16,33 @@ from comet.validate.frameworks import __doc__ as FRAMEWORK_DOC
 from comet.validate.summary import ErrorStats
 
 LIMITATIONS = (
-    "One hardware parameter set per GPU cannot serve two software stacks on the same H100s: Megatron-Core "
-    "(Transformer Engine, fused kernels, cuDNN attention) and PyTorch FSDP in llm-foundry (eager elementwise "
-    "kernels, FlashAttention-2-class attention). Where the fit leaves an H100 parameter on a bound (marked in "
-    "the tables above), the rows want values outside physics; the remaining bias splits by stack (see the rows). "
-    "The missing piece is a software-stack term (elementwise traffic and fusion per layer, attention kernel "
-    "generation, host overhead per layer), not hardware physics; it is left out rather than absorbed into "
-    "per-row or per-source factors.",
-    "The Megatron-LM H100 table leaves micro-batch, interleaving (vpp), recompute and the gradient-reduce "
-    "precision unstated; comet assumes micro-batch 1, no interleaving, no recompute, fp32 gradient "
-    "reduce-scatter. With 4 micro-batches per step at tp8 (32B), the fp32 data-parallel reduce-scatter over "
-    "48 nodes cannot hide behind the last backward in the model, which is where most of that row's error sits.",
-    "Micro-batch size is not stated by Narayanan Table 1 or the Megatron-LM H100 table; comet assumes 1. "
-    "A larger micro-batch raises GEMM efficiency and shortens the pipeline bubble, so these rows carry that "
-    "uncertainty.",
-    "The two Megatron-LM strong-scaling rows do not state TP/PP per point and are skipped.",
+    "DeepSpeed ZeRO-3 as run in 2021 (Narayanan SC21 Table 2) gathers every module's parameters with a flat "
+    "NCCL collective over the whole data-parallel group; a flat ring is limited by one NIC per GPU. The network "
+    "model (comet/hardware/network.py) runs DP collectives hierarchically (NVLink inside the node, 1/8 of the "
+    "data over InfiniBand), which is ~8x too optimistic for these rows: they are predicted far too fast. The fix "
+    "belongs to the network model (flat vs hierarchical algorithms per collective), not to a factor here.",
+    "MLPerf `time_to_train_min` counts evaluation and the run's own overheads; comet predicts total_tokens / "
+    "(tokens/s) of the training steps only, so these rows read 10-25% fast while the same runs' iteration "
+    "times are closer.",
+    "Cells a source leaves empty take the framework's documented default, which is not always what the run "
+    "used: dgxc Nemotron-4 340B rows without `vpp` are modelled without interleaving (the same recipe with vpp "
+    "12 is within 5%); Megatron-LM examples/llama rows without `zero` get Megatron's default (no distributed "
+    "optimizer) and do not fit; NeMo's Nemotron-4 340B keeps optimizer state in BF16 (`optim.dtype: bf16`), "
+    "for which the schema has no column.",
+    "Rows that state neither tp nor pp (strong-scaling tables, Megatron-LM README GPT-3 177B, NeMo Launcher "
+    "GPT-3 175B) or no vocabulary are skipped: no framework default can stand in for a layout.",
+    "torchtitan / torchao rows ran on the 96 GB, 500 W H100 part and with torch.compile; the power cap and the "
+    "compiled kernels' fusion are not modelled (the 96 GB HBM is), so these rows are predicted fast.",
+    "MaxText `selective` is read as remat_policy save_qkv_proj and torchtitan `selective` as per-op SAC; a run "
+    "with another policy saves a different set of tensors.",
+    "One hardware parameter set per GPU serves every software stack; stack-specific costs (elementwise "
+    "fusion, host overhead per layer, attention kernel generation) are not modelled per stack, so the "
+    "remaining bias splits by framework (see 'Residuals by regime').",
     "Korthikanti's micro-batch-level selective recompute (App. C) is modelled as plain selective recompute "
     "(it skips recompute for some micro-batches; +0.4-0.9 MFU points in the paper).",
-    "The A100 papers ran fp16 mixed precision with unfused attention (softmax over the s x s scores); "
-    "attention-kernel efficiencies of the A100 spec are therefore not constrained by these rows.",
-    "Rows of one run reported as two metrics (Korthikanti iteration time and MFU) are not independent; "
-    "the hold-out split is by row, so a held-out MFU row can share its configuration with a fitted "
-    "iteration-time row.",
-    "Host-side costs (Python / framework launch overhead per layer, data loading, logging, checkpoints) "
-    "are not modelled except through the per-kernel overhead; they matter most for the small "
-    "Megatron-LM H100 models (1.7B, 7.1B).",
+    "Rows of one run reported as two metrics (iteration time and MFU, or step time and time to train) are "
+    "not independent; the hold-out split is by row, so a held-out row can share its configuration with a "
+    "fitted row.",
     "GPU clocks are taken at their nominal peak; power or thermal throttling under sustained load "
     "appears only through the fitted GEMM efficiency.",
 )
@@ -64,15 +66,43 @@ def _fmt(v: float) -> str:
 
 def summary_md(val: Validation) -> list[str]:
     s = val.summary
+    cov = s["time_coverage"]
     out = ["| rows | n | MAPE | max abs error | bias |", "|---|---|---|---|---|",
-           _stat_row("**all modelled rows**", s["overall"]), _stat_row("fitted rows", s["fitted_rows"]),
-           _stat_row("**held-out rows** (every 3rd of each source)", s["held_out"])]
+           _stat_row("**time metrics** (iteration time, tokens/s, TFLOP/s, MFU, time to train)", s["time_metrics"]),
+           _stat_row("**time metrics, held-out rows**", s["time_metrics_held_out"]),
+           _stat_row("**memory rows** (peak memory per GPU)", s["memory"]),
+           _stat_row("all modelled rows", s["overall"]), _stat_row("fitted rows", s["fitted_rows"]),
+           _stat_row("**held-out rows** (every 3rd of each source)", s["held_out"]), "",
+           f"Time-metric rows: {cov['rows']}, predicted {cov['ok']} ({100 * cov['ok'] / max(cov['rows'], 1):.1f}%), "
+           f"skipped {cov['skipped']}, infeasible {cov['infeasible']}."]
+    out += ["", "### Residuals by regime (time metrics)", "",
+            "These feed the expected error band that `comet estimate` and the search summary print "
+            "(comet/validate/uncertainty.py, stored in comet/validate/error_bands.json)."]
+    for title, key in (("precision", "by_precision"), ("scale", "by_scale"), ("framework", "by_framework"),
+                       ("model size", "by_model_size")):
+        out += ["", f"| {title} | n | MAPE | max abs error | bias |", "|---|---|---|---|---|"]
+        out += [_stat_row(name, st) for name, st in s[key].items() if st.n]
+    out += ["", "### By source, metric and cluster spec"]
     for title, key in (("source", "by_source"), ("metric", "by_metric"), ("source / metric", "by_source_metric"),
                        ("cluster spec", "by_gpu")):
         out += ["", f"| {title} | n | MAPE | max abs error | bias |", "|---|---|---|---|---|"]
         out += [_stat_row(name, st) for name, st in s[key].items() if st.n]
     c = s["counts"]
     out += ["", f"{c['ok']} rows predicted, {c['skipped']} skipped, {c['infeasible']} infeasible."]
+    return out
+
+
+def memory_md(val: Validation) -> list[str]:
+    """Predicted peak memory per GPU of every modelled row (memory rows compared with the measurement)."""
+    out = ["| # | model | configuration | predicted GB per GPU | measured | error |", "|---|---|---|---|---|---|"]
+    for p in val.predictions:
+        if p.memory_GB is None:
+            continue
+        c = p.case
+        measured = f"{_fmt(c.value)} ({c.metric.split('_')[1]})" if c.metric.startswith("memory") else ""
+        err = _pct(p.error_pct) if measured and p.status == "ok" else ""
+        out.append(f"| {c.index} | {c.row.get('model', '')} | {p.label or '-'} | {p.memory_GB:.1f} | {measured} | "
+                   f"{err} |")
     return out
 
 
@@ -106,11 +136,6 @@ def params_md(specs_dir: Path, fits: list[FitResult] | None) -> list[str]:
             at = " (at bound)" if min(abs(v - prm.lo), abs(v - prm.hi)) <= 0.002 * abs(prm.hi - prm.lo) else ""
             out.append(f"| `{prm.key}` | {v:.4g}{at} | {PRIORS[fname][prm.key]:.4g} | "
                        f"{prm.lo:.3g} - {prm.hi:.3g} | {prm.meaning} |")
-        if "fp8" in cluster.gpu.peak_tflops:
-            g0 = PRIORS[fname]["efficiency.gemm"]
-            out.append(f"| `efficiency.gemm_fp8` | {cluster.efficiency.gemm_fp8:.4g} | {PRIOR_GEMM_FP8} | derived | "
-                       "FP8 GEMM fraction of FP8 peak: not fitted (no FP8 row); kept at the published FP8/BF16 "
-                       f"ratio, gemm_fp8 = {PRIOR_GEMM_FP8} * gemm / {g0} |")
         frac = large_gemm_fraction(cluster)
         bound = " (at bound)" if min(abs(frac - b) for b in LARGE_GEMM_RANGE) < 0.002 else ""
         out += ["", f"An 8192^3 GEMM reaches {frac:.3f} of the dense peak in this spec{bound} "
@@ -131,8 +156,8 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
              f"({len(val.cases)} rows). Do not edit by hand: re-run the command.", "",
              "Each row is predicted with `comet.evaluate.evaluate()` (or, for the single-layer rows, the "
              "layer's forward + recompute + backward blocks timed with `comet.replay.blocks.time_block`) and "
-             "compared in the source's own FLOP accounting: Narayanan SC21 eq. 3 counts the recomputed "
-             "forward, Korthikanti / Megatron-LM report model FLOPs, MosaicML is compared in tokens/s/GPU. "
+             "compared in the row's own FLOP accounting (`flops_formula`: megatron_model, narayanan_eq3, palm_6n, "
+             "llm_foundry; comet/validate/accounting.py) and MFU peak (`mfu_peak_tflops`). "
              "Errors are (predicted - measured) / measured.", ""]
     if val.warnings:
         lines += [f"> **Structural check failed** ({len(val.warnings)} mismatches, see 'Structural checks'): the "
@@ -171,6 +196,17 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
               "parameters above, write them into cluster_specs/*.yaml and regenerate this file.",
               "- `pytest -m slow tests/validate`: the targets (Korthikanti iteration times <= 5% MAPE, overall "
               "<= 8%) on the shipped CSV and specs."]
+    lines += ["", "## Your own measurements", "",
+              "A CSV in the same schema (../shared/calibration/SCHEMA.md) is read the same way: "
+              "`comet validate my_runs.csv --json out.json`. Every column is read; explicit cells win; empty "
+              "cells take the framework default above and are listed per row under `assumptions` in the JSON "
+              "(`index` is the 0-based CSV row, `status` ok / infeasible / skipped, `predicted` is in the row's "
+              "metric, `reason` says why a row was not predicted). A bad cell (unknown enum value, non-numeric "
+              "number, tp*pp*dp*cp != num_gpus) skips that row with the column and value; the others go on. "
+              "Memory is predicted for every modelled row (`memory_gb_per_gpu`); a configuration fits when its "
+              "predicted peak is within 5% of HBM (comet/workload/memory.py FIT_MARGIN).",
+              "", "## Memory", ""]
+    lines += memory_md(val)
     lines += ["", "## Rows", ""]
     lines += rows_md(val)
     lines += ["", "## Known limitations", ""]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from comet.config.document import read_text
 from comet.config.model import Activation, ModelSpec
-from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
+from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule, SelectivePolicy
 from comet.errors import CometError, ConfigError
 from comet.validate.frameworks import FrameworkDefaults, defaults_for
 from comet.validate.moe_rows import apply_expert_parallel, apply_moe, is_moe_row
@@ -255,9 +255,11 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
             sequence_parallel=c.bool_or("sequence_parallel", d.sequence_parallel),
             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B,
             recompute=Recompute(recompute), zero=zero, precision=Precision(precision),
+            selective_policy=SelectivePolicy(d.selective_policy), fp8_impl=d.fp8_impl,
             overlap_grad_reduce=c.bool_or("overlap_grad_reduce", d.overlap_grad_reduce),
             overlap_param_gather=c.bool_or("overlap_param_gather", d.overlap_param_gather),
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
+            overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,

@@ -41,10 +41,48 @@ def source_label(p: Prediction) -> str:
     return p.case.source_label
 
 
+TIME_METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu",
+                "time_to_train_min")
+MEMORY_METRICS = ("memory_gib_per_gpu", "memory_gb_per_gpu")
+
+
+def scale(p: Prediction) -> str:
+    """Regime by job size: GPUs in the job."""
+    try:
+        n = int(float(p.case.row.get("num_gpus") or 0))
+    except ValueError:
+        n = 0
+    return "<=64 GPUs" if n <= 64 else ("65-1024 GPUs" if n <= 1024 else ">1024 GPUs")
+
+
+def model_size(p: Prediction) -> str:
+    """Regime by parameters (comet's count of the row's model)."""
+    if p.case.model is None:
+        return "-"
+    b = p.case.model.params / 1e9
+    return "<20B" if b < 20 else ("20-100B" if b < 100 else ">=100B")
+
+
+def precision(p: Prediction) -> str:
+    return p.case.parallel.precision.value if p.case.parallel is not None else "-"
+
+
 def summarize(preds: list[Prediction]) -> dict:
-    """{"overall", "held_out", "fitted_rows", "by_source", "by_metric", "by_source_metric", "by_gpu", "counts"}."""
+    """Error statistics overall, on held-out rows, per source / metric / GPU, and per regime (precision,
+    scale, framework, model size) over the time metrics, which comet.validate.uncertainty turns into
+    an expected error band for new predictions."""
     counts = {s: sum(p.status == s for p in preds) for s in ("ok", "skipped", "infeasible")}
+    time_rows = [p for p in preds if p.case.metric in TIME_METRICS]
     return {
+        "time_metrics": stats(time_rows),
+        "time_metrics_held_out": stats([p for p in time_rows if p.case.held_out]),
+        "memory": stats([p for p in preds if p.case.metric in MEMORY_METRICS]),
+        "by_precision": grouped(time_rows, precision),
+        "by_scale": grouped(time_rows, scale),
+        "by_framework": grouped(time_rows, lambda p: p.case.framework),
+        "by_model_size": grouped(time_rows, model_size),
+        "time_coverage": {"rows": len(time_rows), **{s: sum(p.status == s for p in time_rows)
+                                                      for s in ("ok", "skipped", "infeasible")}},
         "overall": stats(preds),
         "held_out": stats([p for p in preds if p.case.held_out]),
         "fitted_rows": stats([p for p in preds if not p.case.held_out]),
@@ -61,7 +99,7 @@ def summary_as_dict(summary: dict) -> dict:
     for k, v in summary.items():
         if isinstance(v, ErrorStats):
             out[k] = v.as_dict()
-        elif k == "counts":
+        elif k in ("counts", "time_coverage"):
             out[k] = dict(v)
         else:
             out[k] = {name: s.as_dict() for name, s in v.items()}

@@ -45,9 +45,18 @@ def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
     # scatter/gather optimization without SP (Narayanan et al. SC21 sec. 4.1).
     tokens = par.micro_batch * (model.seq_len // par.cp) / par.tp
     recompute = max(chunk_layers) if par.recompute is not Recompute.NONE else 0
+    # Megatron-Core's interleaved schedule with overlap_p2p_comm posts each send asynchronously and
+    # waits for it only before the next transfer (schedules.py forward_backward_pipelining_with_
+    # interleaving): in the steady state the transfer hides behind the next chunk's compute. The
+    # pp - 1 warm-up sends and pp - 1 cool-down sends of a stage have no compute to hide behind, so
+    # (pp - 1) of the stage's m * vpp sends per direction stay exposed.
+    exposed = 1.0
+    if par.overlap_p2p_comm and par.vpp > 1:
+        exposed = min(1.0, (par.pp - 1) / (par.num_microbatches * par.vpp))
     return PipelinePlan(pp=par.pp, vpp=par.vpp, num_microbatches=par.num_microbatches, schedule=par.schedule.value,
                         chunk_layers=chunk_layers, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
                         p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute,
+                        p2p_exposed=exposed,
                         chunk_layer_kinds=moe.chunk_layer_kinds(model, chunk_layers) if model.moe else ())
 
 

@@ -9,7 +9,7 @@ term. For GPT shapes this is Korthikanti et al.'s 72*B*L*s*h^2*(1 + s/(6h) + V/(
 from __future__ import annotations
 
 from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig, Recompute
+from comet.config.parallel import ParallelConfig, Recompute, SelectivePolicy
 
 
 def attention_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
@@ -64,8 +64,13 @@ def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
     """FLOPs actually executed: model FLOPs plus the recomputed forward passes."""
     tokens = par.global_batch * model.seq_len
     extra = 0.0
+    h, q, kv = model.hidden, model.q_hidden, model.kv_hidden
     if par.recompute is Recompute.FULL:
         extra = body_forward_flops_per_token(model)
+    elif par.recompute is Recompute.SELECTIVE and par.selective_policy is SelectivePolicy.OP_SAC:
+        extra = model.layers * 2 * h * (kv + q + model.ffn_hidden)   # wk, wo, w3 re-run (torchtitan SAC)
+    elif par.recompute is Recompute.SELECTIVE and par.selective_policy is SelectivePolicy.SAVE_QKV:
+        extra = body_forward_flops_per_token(model) - model.layers * 2 * h * (q + 2 * kv)   # all but QKV
     elif par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         extra = model.layers * 4 * model.seq_len * model.q_hidden   # the attention core is recomputed
     return model_flops_per_step(model, par.global_batch) + tokens * extra

@@ -22,6 +22,7 @@ from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 
 ACT_BYTES = 2   # bf16/fp16 activations
+FP8_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,16 @@ class BlockBuilder:
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
+        """A GEMM; under FP8 the layer GEMMs run in FP8 (Transformer Engine) while the output layer
+        stays BF16 (Megatron's output layer is a plain ColumnParallelLinear, not a TE module) and so do
+        the batched attention GEMMs. TE casts each FP8 GEMM's input (forward) and output gradient
+        (dgrad) to FP8 with a fused cast + transpose + amax kernel: read 2 bytes, write 1 + 1 bytes per
+        element of the m x k operand (TE `fp8_cast_transpose_fused`); the wgrad reuses both."""
+        fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
+        if fp8 and not name.split("[")[0].endswith(".wgrad"):
+            after = [self.memory(f"{name}.fp8_cast_transpose", m * k * (ACT_BYTES + 2 * FP8_BYTES), after)]
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
-                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if self.fp8 and batch == 1 else 2,
+                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
                             phase=self.phase), after)
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
@@ -329,12 +338,39 @@ def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
     recomputes its scores inside the backward kernel)."""
-    from comet.config.parallel import Recompute
+    from comet.config.parallel import Recompute, SelectivePolicy
     if par.recompute is Recompute.FULL:
         return forward(model, par, phase=Phase.RECOMPUTE)
+    if par.recompute is Recompute.SELECTIVE and par.selective_policy is not SelectivePolicy.ATTENTION:
+        return _policy_recompute(model, par, par.selective_policy)
     bb = BlockBuilder(Phase.RECOMPUTE, par, model)
     if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         attention_core(bb, Dims.of(model, par), [], backward=False)
+    return bb.done()
+
+
+def _policy_recompute(model: ModelSpec, par: ParallelConfig, policy) -> nx.DiGraph:
+    """The forward work a framework's selective policy re-runs before the layer's backward (see
+    comet.workload.memory._policy_saved_bytes for what each keeps). op_sac: the norms, the recomputed
+    mm's wk (kv wide), wo and w3 (f wide) and the activation; save_qkv: everything after the QKV GEMM."""
+    from comet.config.parallel import SelectivePolicy
+    D = Dims.of(model, par)
+    bb = BlockBuilder(Phase.RECOMPUTE, par, model)
+    x = norm(bb, D, "input_norm", [])
+    if policy is SelectivePolicy.OP_SAC:
+        x = [bb.gemm("wk", D.T, D.kv // D.t, D.h, x)]
+        x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)
+        x = norm(bb, D, "mlp_norm", x)
+        x = [bb.gemm("w3", D.T, D.f // D.t, D.h, x)]
+        bb.memory(D.act, D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)
+        return bb.done()
+    x = attention_core(bb, D, x, backward=False)
+    x = tp_out(bb, D, "proj", D.T, D.h, D.h // D.t, x)
+    x = dropout_add(bb, D, "attention.dropout_add", x)
+    x = norm(bb, D, "mlp_norm", x)
+    x = tp_in(bb, D, "fc1", D.T, D.gate * D.f // D.t, D.h, x)
+    x = [bb.memory(D.act, D.T * D.f // D.t * ACT_BYTES * (D.gate + 1), x)]
+    tp_out(bb, D, "fc2", D.T, D.h, D.f // D.t, x)
     return bb.done()
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
-from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
+from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule, SelectivePolicy
 from comet.workload.moe import (dispatcher_buffer_bytes, moe_layer_activation_bytes, stage_dense_layer_params,
                                 stage_expert_params, stage_layer_indices)
 
@@ -34,6 +34,11 @@ WEIGHT_BYTES = 2       # bf16/fp16 weights
 FP8_CACHE_BYTES = 2    # TE FP8 weight copy + its transpose cache, per GEMM weight [T]
 GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron default) or bf16 where stated
 ADAM_BYTES = 12        # fp32 master weights + Adam m + v [Z] Sec 3.1
+# The fit test's margin: a configuration fits when its predicted peak is within FIT_MARGIN of HBM.
+# The memory model is a prediction with an error (docs/validation.md, memory rows: a few percent); a
+# hard cut at exactly the capacity would turn a 3% memory error into a pruned configuration that
+# really runs. Configurations inside the margin but over the nominal capacity are marked `tight`.
+FIT_MARGIN = 0.05
 PREFETCH_LAYERS = 2    # full layers of weights resident for ZeRO-3 gathers / weight offload streaming
 
 
@@ -49,6 +54,7 @@ class MemoryEstimate:
     capacity_GB: float       # HBM capacity
     fits: bool
     reason: str              # "" when it fits
+    tight: bool = False      # over the nominal HBM but within FIT_MARGIN: may not fit
     # Mixture of experts: routed experts' state (the weights/gradients/optimizer above are the rest of
     # the model) and the dispatcher's buffers. Zero and not listed for dense models.
     expert_weights_GB: float = 0.0
@@ -87,7 +93,7 @@ def _layer_activation_terms(model: ModelSpec, par: ParallelConfig) -> tuple[floa
         q = k = a * model.mla.q_head_dim
         v = o = a * model.mla.v_head_dim
     sb = s * b
-    gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 else ACT_BYTES
+    gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 and par.fp8_impl == "te" else ACT_BYTES
     masks = 2 * MASK_BYTES * sb * h if par.dropout else 0.0   # after attention projection and after fc2
     outside = (2 * ACT_BYTES * sb * h       # two layernorm inputs
                + gemm_in * sb * h           # QKV projection input
@@ -115,14 +121,17 @@ def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig, moe_layer:
     sbh*34/t; full recompute 2sbh (2sbh/t with SP). Flash attention does not store the s^2 terms."""
     t = par.tp
     split_outside = t if par.sp else 1
+    sbh = ACT_BYTES * (model.seq_len // par.cp) * par.micro_batch * model.hidden
     if par.recompute is Recompute.FULL:   # only the layer input is checkpointed [K] Sec 4.1
-        return ACT_BYTES * (model.seq_len // par.cp) * par.micro_batch * model.hidden / split_outside
+        return sbh / split_outside
+    if par.recompute is Recompute.SELECTIVE and par.selective_policy is not SelectivePolicy.ATTENTION:
+        return sbh / split_outside + _policy_saved_bytes(model, par) / t
     outside, inside, scores = _layer_activation_terms(model, par)
     keep_scores = par.recompute is Recompute.NONE and not par.flash_attention
     mlp = 0.0
     if moe_layer:   # the expert MLP replaces the dense one: drop its terms, add routed tokens' (moe.py)
         sb = (model.seq_len // par.cp) * par.micro_batch
-        gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 else ACT_BYTES
+        gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 and par.fp8_impl == "te" else ACT_BYTES
         inside -= ((2 if model.gated else 1) * ACT_BYTES + gemm_in) * sb * model.ffn_hidden
         mlp = moe_layer_activation_bytes(model, par)
     return outside / split_outside + inside / t + (scores / t if keep_scores else 0.0) + mlp
@@ -137,10 +146,23 @@ def stage_layer_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: i
     return sum(sparse if model.is_moe_layer(i) else dense for i in stage_layer_indices(model, par, stage))
 
 
+def _policy_saved_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """Tensors inside the TP region that a framework's selective policy keeps, per layer and micro-batch.
+    torchtitan per-op SAC (torchtitan/models/llama3/parallelize.py `_save_list`, every second mm
+    recomputed): outputs of wq, wv, w1, w2 (mm calls 1, 3, 5, 7 of wq wk wv wo w1 w3 w2) and of SDPA with
+    its log-sum-exp. MaxText save_qkv_proj (maxtext layers/models.py remat policies): Q, K and V."""
+    sb = (model.seq_len // par.cp) * par.micro_batch
+    h, kv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    if par.selective_policy is SelectivePolicy.OP_SAC:
+        return ACT_BYTES * sb * (h + kv + f + h + h) + 4 * sb * model.heads
+    return ACT_BYTES * sb * (h + 2 * kv)
+
+
 def _recompute_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     """Full recompute re-runs a layer's forward before its backward, so one layer's complete
     activations (one micro-batch) are live on top of the checkpoints."""
-    if par.recompute is not Recompute.FULL:
+    if par.recompute is Recompute.NONE or (par.recompute is Recompute.SELECTIVE
+                                           and par.selective_policy is SelectivePolicy.ATTENTION):
         return 0.0
     return activation_bytes_per_layer(model, replace(par, recompute=Recompute.NONE), moe_layer=model.moe is not None)
 
@@ -199,7 +221,7 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
 def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: float) -> float:
     """Resident weight bytes of the stage's parameters: BF16, plus under FP8 the TE FP8 copy and its
     transpose of each layer GEMM weight; with fp8_params the GEMM weights exist only in FP8 [T]."""
-    if par.precision is not Precision.FP8:
+    if par.precision is not Precision.FP8 or par.fp8_impl != "te":   # torchao keeps no FP8 weight cache
         return params * WEIGHT_BYTES
     gemm = (stage_dense_layer_params(model, par, stage) if model.moe is not None
             else par.stage_layers(model, stage) * model.layer_params / par.tp)
@@ -285,7 +307,7 @@ def _hbm_reason(stage: _Stage, workspace: float, capacity_GB: float, where: str)
     parts = tuple((n, v) for n, v in parts if v or not n.startswith(("expert", "moe")))
     listed = ", ".join(f"{name} {value / GB:.1f}" for name, value in parts)
     return (f"needs {stage.hbm(workspace) / GB:.1f} GB per GPU{where} ({listed}) "
-            f"but HBM holds {capacity_GB:g} GB")
+            f"but HBM holds {capacity_GB:g} GB (fit margin {FIT_MARGIN:.0%})")
 
 
 def _expansion_reason(par: ParallelConfig, cluster: ClusterSpec, expansion: float) -> str:
@@ -315,7 +337,8 @@ def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec)
     expansion = max(st.expansion for st in per_stage)
     capacity = cluster.gpu.hbm_GB
     reasons = []
-    if worst.hbm(workspace) > cluster.gpu.hbm_bytes:
+    total = worst.hbm(workspace)
+    if total > cluster.gpu.hbm_bytes * (1 + FIT_MARGIN):
         where = f" on pipeline stage {stages[worst_index]} of {par.pp}" if par.pp > 1 else ""
         reasons.append(_hbm_reason(worst, workspace, capacity, where))
     if par.offload:
@@ -324,6 +347,7 @@ def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec)
     return MemoryEstimate(
         weights_GB=worst.weights / GB, gradients_GB=worst.gradients / GB, optimizer_GB=worst.optimizer / GB,
         activations_GB=worst.activations / GB, workspace_GB=cluster.workspace_GB, expansion_GB=expansion / GB,
-        total_GB=worst.hbm(workspace) / GB, capacity_GB=capacity, fits=not reason, reason=reason,
+        total_GB=total / GB, capacity_GB=capacity, fits=not reason, reason=reason,
+        tight=total > cluster.gpu.hbm_bytes and not reason,
         expert_weights_GB=worst.experts[0] / GB, expert_gradients_GB=worst.experts[1] / GB,
         expert_optimizer_GB=worst.experts[2] / GB, moe_dispatch_GB=worst.dispatch / GB)

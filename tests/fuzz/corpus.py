@@ -242,7 +242,7 @@ def _trace_doc_cases(kind: str, name: str, doc, n: int, rng: random.Random, work
         if gz and rng.random() < 0.5:
             data = gzip.compress(data)
         path = _write(work, f"{name}{i}.json" + (".gz" if data[:2] == b"\x1f\x8b" else ""), data)
-        cmd = rng.choice(("import", "replay"))
+        cmd = rng.choice(("import", "replay", "inspect"))
         out.append(Case(kind, ["trace", cmd, path, "--json"], m, json_out=True))
     return out
 

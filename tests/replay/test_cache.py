@@ -159,3 +159,33 @@ def test_one_pass_pipeline_equals_programs_then_solve(schedule, pp, vpp, m):
     if HAVE_NUMBA:
         np.testing.assert_array_equal(end, solve(ref))            # the same arithmetic, bit for bit
     np.testing.assert_allclose(end, solve_numpy(ref), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),
+                                               ("1f1b", 8, 1, 3), ("interleaved_1f1b", 2, 3, 4)])
+def test_compiled_summary_equals_the_task_arrays(schedule, pp, vpp, m):
+    from comet.replay.pipeline import run, summarize, summarize_tasks
+    rng = np.random.default_rng(pp * 7 + vpp * 3 + m)
+    f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
+    release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
+    fast = summarize(schedule, pp, vpp, m, f, b, release)
+    ref = summarize_tasks(*run(schedule, pp, vpp, m, f, b, release))
+    for name in ("compute_end", "last_b_start", "bubble", "gather_wait"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs, prov=provisions)
+def test_numpy_fallback_equals_compiled_path(cfg, prov, h100, monkeypatch):
+    from comet.replay import pipeline
+    model, par = _par(cfg)
+    cluster = apply_provisioning(h100, prov)
+    compiled = evaluate(model, cluster, par)
+    with monkeypatch.context() as mp:
+        mp.setattr(pipeline, "HAVE_NUMBA", False)
+        fallback = evaluate(model, cluster, par)
+    assert compiled.status == fallback.status
+    if compiled.feasible:
+        assert fallback.step_time_s == pytest.approx(compiled.step_time_s, rel=1e-12)
+        for k, v in compiled.breakdown.items():
+            assert fallback.breakdown[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k

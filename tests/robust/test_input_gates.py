@@ -188,3 +188,51 @@ def test_unexpected_exception_is_one_line_exit_3_with_a_crash_report(monkeypatch
     assert len(reports) == 1 and str(reports[0]) in err
     text = reports[0].read_text()
     assert "Traceback (most recent call last)" in text and "boom" in text and "estimate --model" in text
+
+
+# ----------------------------------------------------------------------------- cluster cross-field rules
+
+def _cluster(tmp_path, change) -> Path:
+    doc = yaml.safe_load(H100.read_text())
+    change(doc)
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_network_domains_must_nest(tmp_path):
+    def three_tiers(d):
+        d["network"].append(dict(d["network"][1], name="spine", size=0))
+        d["network"][1]["size"] = 12                       # 12 is not a whole number of 8-GPU nodes
+        d["cost"]["network_usd_per_GBps"] = [0.0, 60.0, 10.0]
+    with pytest.raises(ConfigError, match=r"network\[1\].size: a infiniband domain of 12 GPUs must hold whole "
+                                          r"nvlink domains of 8"):
+        load_cluster(_cluster(tmp_path, three_tiers))
+
+
+def test_a_price_per_network_tier(tmp_path):
+    with pytest.raises(ConfigError, match=r"cost.network_usd_per_GBps: lists 1 prices for 2 network dimensions"):
+        load_cluster(_cluster(tmp_path, lambda d: d["cost"].update(network_usd_per_GBps=[0.0])))
+
+
+def test_job_must_span_whole_domains(tmp_path, capsys):
+    path = _cluster(tmp_path, lambda d: d["network"][0].update(size=3))
+    err = _one_line(capsys, ["estimate", "--model", "gpt_1_7b", "--cluster", str(path), "--gpus", "64",
+                             "--global-batch", "64"])
+    assert "gpus (64) must be a multiple of the nvlink domain size (3)" in err
+
+
+def test_measurement_csv_gate(tmp_path, capsys):
+    seed = ROOT.parent / "shared" / "calibration" / "measurements.csv"
+    if not seed.is_file():
+        pytest.skip("../shared/calibration/measurements.csv is missing")
+    head = "".join(seed.read_text().splitlines(keepends=True)[:2])
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + head.encode())      # saved by a spreadsheet with a BOM: read as usual
+    out = tmp_path / "v.json"
+    assert main(["validate", str(bom), "--quiet", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["status"] in ("ok", "infeasible")
+    capsys.readouterr()
+    gz = tmp_path / "m.csv"
+    gz.write_bytes(gzip.compress(head.encode()))
+    assert "gzip-compressed" in _one_line(capsys, ["validate", str(gz), "--quiet"])

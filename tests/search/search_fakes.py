@@ -14,7 +14,9 @@ from comet.result import BREAKDOWN_KEYS, CandidateStatus, Result
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "search_spaces" / "tiny.yaml"
 
-CRASH_FILE = Path(tempfile.gettempdir()) / f"comet-fake-crash-tp-{os.getuid()}"
+# One file per test process: the machine's other test runs (same uid) must not kill this one's evaluations.
+# Ray workers get the driver's value: the module is pickled by value (register_pickle_by_value).
+CRASH_FILE = Path(tempfile.gettempdir()) / f"comet-fake-crash-tp-{os.getuid()}-{os.getpid()}"
 INTERRUPT_AFTER = {"n": None, "count": 0}  # raise KeyboardInterrupt after n calls (serial executor)
 
 

@@ -93,19 +93,29 @@ def test_outputs_written(tiny_raw, tmp_path):
         assert df[col].notna().all(), col
 
 
-def test_optuna_tells_infeasible_as_constraints_and_resumes(tiny_raw, tmp_path):
+def test_optuna_storage_shows_infeasible_trials_and_named_objectives(tiny_raw, tmp_path):
     tiny_raw.update(method="optuna-tpe", budget={"trials": 10}, batch=4)
-    tiny_raw["parallel"]["tp"] = {"choices": [1, 2, 4, 8]}      # tp*pp < 8 fails the fake memory check
+    tiny_raw["parallel"]["tp"] = {"choices": [1, 2, 4]}      # tp*pp < 8 fails the fake memory check
+    tiny_raw["parallel"]["pp"] = {"choices": [1, 2, 4, 8]}
+    tiny_raw["constraints"] = {"max_cost_per_run_usd": 30000}   # a budget some designs with results break
     space = parse_space(tiny_raw, TINY_SOURCE)
     first = run_study(space, _opts(tmp_path, timelines=False))
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert study.metric_names == ["time_to_train", "cost_per_run"]
     states = {t.state for t in study.trials}
-    assert states == {optuna.trial.TrialState.COMPLETE}         # never FAIL: infeasible is a constraint
-    evaluated = [t for t in study.trials if not t.user_attrs.get("pruned")]
-    assert len(evaluated) >= 10
+    assert optuna.trial.TrialState.FAIL not in states and optuna.trial.TrialState.RUNNING not in states
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, "the fake memory check prunes tp*pp < 8: some trials must be infeasible"
     for t in study.trials:
-        infeasible = t.user_attrs.get("pruned") or t.user_attrs.get("reason")
-        assert (t.constraints["violation"] > 0) == bool(infeasible)
+        if t.state == optuna.trial.TrialState.PRUNED:   # infeasible: no values, a reason, a violation
+            assert t.values is None and t.user_attrs["reason"] and t.constraints["violation"] > 0
+        else:   # real objective values, never a placeholder; over budget: COMPLETE with a violation
+            assert all(0 < v < 1e20 for v in t.values)
+            assert (t.constraints["violation"] > 0) == (t.values[1] > 30000)
+    counted = [t for t in study.trials if t.user_attrs.get("counted")]
+    assert len(counted) == 10                             # the budget counts new evaluations only
+    assert len({t.user_attrs["key"] for t in counted}) == 10
+    assert all(not t.user_attrs.get("counted") for t in study.trials if t.user_attrs.get("duplicate_of"))
     trials_before = len(study.trials)
     again = run_study(space, _opts(tmp_path, timelines=False))
     assert again.evaluated_now == 0                             # budget already met: nothing new

@@ -26,9 +26,11 @@ def _table(df: pd.DataFrame) -> pd.DataFrame:
 def ray_session():
     ray = pytest.importorskip("ray")
     ray.cloudpickle.register_pickle_by_value(fakes)   # the crash test ships the fake to workers
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    from comet.search import ray_runtime
+    _, cleanup = ray_runtime.start_local(ray, 2)   # private: never joins a `ray start` cluster on the machine
     yield ray
     ray.shutdown()
+    cleanup()
 
 
 def test_cli_tiny_serial(tmp_path, capsys):

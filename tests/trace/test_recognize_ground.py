@@ -157,3 +157,15 @@ def test_recorded_cpu_trace_is_recognised_from_its_scopes():
     for role in ("qkv", "attention", "fc1.dgrad", "fc1.wgrad", "fc1.dgrad.all_reduce", "attention.bwd",
                  "swiglu.bwd", "optimizer.adam"):
         assert rec.role_ms[role] > 0, role
+
+
+@pytest.mark.skipif(not CPU_TRACES.is_dir(), reason="data/traces/cpu (recorded CPU traces) not in this checkout")
+def test_recorded_trace_grounds_its_own_step_and_predicts_a_pair():
+    from comet.trace.ab_check import measured, predict
+    cpu = load_cluster(ROOT / "cluster_specs" / "cpu_gloo.yaml")
+    a, b = CPU_TRACES / "L2_h512_mb2_s128_tp1_dp1", CPU_TRACES / "L4_h512_mb2_s128_tp1_dp1"
+    own = predict(a, measured(a), cpu)
+    assert own == pytest.approx(measured(a)["step_s_min"], rel=0.05)      # A -> A: the base replays A
+    deeper = predict(a, measured(b), cpu)
+    assert 1.6 < deeper / own < 2.2          # two more layers: about twice the step, as measured
+    assert deeper == pytest.approx(measured(b)["step_s_min"], rel=0.15)

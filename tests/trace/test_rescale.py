@@ -115,7 +115,7 @@ def test_cli_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--dp", "0", "--from-cluster", H100], "--dp: must be a whole number >= 1"),
+    (["--dp", "0", "--from-cluster", H100], "--dp: must be >= 1, got 0"),   # checked by the flag type
     (["--cluster", A100], "--from-cluster"),
     (["--dp", "16"], "--from-cluster"),
     (["--cluster", "nope.yaml", "--from-cluster", H100], "nope.yaml: file not found"),

@@ -213,9 +213,21 @@ def test_missing_meta_is_a_graph_error(small_model, h100):
 
 
 def test_other_model_is_a_graph_error(small_model, h100):
-    other = replace(small_model, hidden=2048)
-    with pytest.raises(GraphError, match="hidden differs"):
+    other = replace(small_model, activation="swiglu")
+    with pytest.raises(GraphError, match="activation differs"):
         transform_to(base_graph(small_model, h100), other, resolved(other))
+
+
+def test_tensor_dimensions_may_change(small_model, h100):
+    # hidden / heads / ffn / seq / vocab: every op re-timed by its new shape's cost ratio; a base timed by
+    # the cost model therefore replays exactly like the target built from scratch
+    other = replace(small_model, hidden=small_model.hidden * 2, heads=small_model.heads * 2,
+                    kv_heads=small_model.kv_heads * 2, ffn_hidden=small_model.ffn_hidden * 2,
+                    seq_len=small_model.seq_len * 2, vocab=small_model.vocab + 128)
+    par = resolved(other, tp=2)
+    a = evaluate(other, h100, par, base=base_graph(small_model, h100))
+    b = evaluate(other, h100, par)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-9)
 
 
 def test_flat_graph_needs_layer_annotations(small_model, h100):
