@@ -11,12 +11,14 @@ byte count, a kernel comet has no model of) is reported as skipped with the reas
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, load_cluster
+from comet.config.document import read_text
 from comet.errors import ConfigError
 from comet.graph.ir import Collective
 from comet.hardware.compute import attention_time_s, gemm_time_s, memory_time_s
@@ -70,9 +72,12 @@ def file_kind(header: list[str]) -> str | None:
     return None
 
 
+def _read(path: Path) -> str:
+    return read_text(path, "CSV")   # the input gate: size, binary / gzip / NUL, UTF-8 (BOM allowed)
+
+
 def kernel_level(path: Path) -> bool:
-    with path.open(newline="") as fh:
-        return file_kind(next(csv.reader(fh), [])) is not None
+    return file_kind(next(csv.reader(io.StringIO(_read(path))), [])) is not None
 
 
 class Specs:
@@ -248,13 +253,12 @@ PREDICT = {"collectives": predict_collective, "gemm": predict_gemm, "attention":
 
 
 def validate_kernels(path: Path, specs_dir: Path) -> tuple[str, list[KernelRow]]:
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        kind = file_kind(reader.fieldnames or [])
-        if kind is None:
-            raise ConfigError("not a kernel-level file (collectives / gemm / attention / memory header)",
-                              source=str(path))
-        rows = [{k: (v or "").strip() for k, v in r.items() if k is not None} for r in reader]
+    reader = csv.DictReader(io.StringIO(_read(path)))
+    kind = file_kind(reader.fieldnames or [])
+    if kind is None:
+        raise ConfigError("not a kernel-level file (collectives / gemm / attention / memory header)",
+                          source=str(path))
+    rows = [{k: (v or "").strip() for k, v in r.items() if k is not None} for r in reader]
     specs = Specs(specs_dir)
     return kind, [PREDICT[kind](i, r, specs) for i, r in enumerate(rows)]
 
