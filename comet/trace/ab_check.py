@@ -64,7 +64,7 @@ CROSS_PAIRS = (
     ("L2_h512_mb2_s128_tp1_dp2", _1, "dp 2 -> 1 (2 -> 1 processes)"),
 )
 DEFAULT_DIR = "data/traces/cpu"
-DEFAULT_CLUSTER = "cluster_specs/cpu_gloo.yaml"
+DEFAULT_CLUSTER = "cluster_specs/vm_cpu_gloo.yaml"
 
 
 def measured(folder: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Microbenchmark the CPU the recorder runs on, for its cluster spec (cluster_specs/cpu_gloo.yaml).
+"""Microbenchmark the CPU the recorder runs on, for its cluster spec (cluster_specs/vm_cpu_gloo.yaml).
 
     python -m comet.trace.cpu_peaks [--threads 1]        # needs torch (optional extra `record`)
 

@@ -39,7 +39,7 @@ from comet.workload.builder import build_step_graph
 
 _PRECISION = {"fp16": Precision.FP16, "bf16": Precision.BF16, "fp8": Precision.FP8,
               # comet has no fp32 training precision: an fp32 trace (the CPU recorder) runs in the 16-bit
-              # slot of a cluster spec whose peaks are the fp32 ones (cluster_specs/cpu_gloo.yaml)
+              # slot of a cluster spec whose peaks are the fp32 ones (cluster_specs/vm_cpu_gloo.yaml)
               "fp32": Precision.BF16}
 
 

@@ -162,10 +162,31 @@ def test_recorded_cpu_trace_is_recognised_from_its_scopes():
 @pytest.mark.skipif(not CPU_TRACES.is_dir(), reason="data/traces/cpu (recorded CPU traces) not in this checkout")
 def test_recorded_trace_grounds_its_own_step_and_predicts_a_pair():
     from comet.trace.ab_check import measured, predict
-    cpu = load_cluster(ROOT / "cluster_specs" / "cpu_gloo.yaml")
+    cpu = load_cluster(ROOT / "cluster_specs" / "vm_cpu_gloo.yaml")
     a, b = CPU_TRACES / "L2_h512_mb2_s128_tp1_dp1", CPU_TRACES / "L4_h512_mb2_s128_tp1_dp1"
     own = predict(a, measured(a), cpu)
     assert own == pytest.approx(measured(a)["step_s_min"], rel=0.05)      # A -> A: the base replays A
     deeper = predict(a, measured(b), cpu)
     assert 1.6 < deeper / own < 2.2          # two more layers: about twice the step, as measured
     assert deeper == pytest.approx(measured(b)["step_s_min"], rel=0.15)
+
+
+def test_study_base_from_a_recognisable_trace_needs_no_build(traces, tmp_path):
+    import yaml
+    from comet.search.driver import RunOptions, build_context
+    from comet.search.space import load_space
+    from comet.trace.ground import GroundingReport
+    model = tmp_path / "gpt.yaml"
+    model.write_text("name: gpt_40l\nlayers: 40\nhidden: 4096\nheads: 64\nffn_hidden: 16384\nactivation: gelu\n"
+                     "vocab: 51200\nseq_len: 2048\n")
+    a100 = str(ROOT / "cluster_specs" / "a100_dgx.yaml")
+    raw = {"study": "grounded", "model": str(model), "base": {"trace": str(traces / MEGATRON), "cluster": a100},
+           "job": {"global_batch": 64, "total_tokens": 1e9}, "cluster": {"spec": a100, "gpus": [8]},
+           "parallel": {"tp": [4, 8], "pp": [1], "micro_batch": 1}, "objectives": [{"time_to_train": "min"}],
+           "method": "grid", "timelines": 0}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    ctx, _ = build_context(load_space(path), RunOptions())
+    report = ctx.base.meta["calibration"]
+    assert isinstance(report, GroundingReport) and report.counts()["measured"] == 14
+    assert ctx.base.meta["model"].layers == 40 and ctx.base.meta["parallel"].tp == 8
