@@ -7,11 +7,14 @@ was priced at 0).
 
 from __future__ import annotations
 
+import dataclasses
+
 from comet.config.cluster import ClusterSpec
 from comet.errors import ConfigError
 
 
 def check_cluster(spec: ClusterSpec, source: str) -> ClusterSpec:
+    _no_negative(dataclasses.asdict(spec), source, "")
     dims = spec.network
     for i in range(1, len(dims)):
         inner, outer = dims[i - 1], dims[i]
@@ -28,6 +31,19 @@ def check_cluster(spec: ClusterSpec, source: str) -> ClusterSpec:
                           f"({', '.join(d.name for d in dims)}); give one per dimension (0 for one that is "
                           "included in the node price)", source=source, field="cost.network_usd_per_GBps")
     return spec
+
+
+def _no_negative(value, source: str, path: str) -> None:
+    """No quantity a cluster spec holds (sizes, bandwidths, latencies, efficiencies, prices, power) is
+    negative: checked over every field, so a field added later is covered without a rule of its own."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _no_negative(v, source, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _no_negative(v, source, f"{path}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        raise ConfigError(f"must be >= 0, got {value}", source=source, field=path)
 
 
 def check_job_fits_domains(spec: ClusterSpec, gpus: int) -> None:

@@ -175,7 +175,7 @@ def check_pytorch_et(doc: dict, name: str) -> None:
     ids: dict[int, int] = {}
     for i, n in enumerate(nodes):
         where = f"nodes[{i}]"
-        integer(n.get("id"), name, f"{where}.id")
+        integer(n.get("id"), name, f"{where}.id", low=0)
         if n["id"] in ids:
             raise TraceError(f"{where}: duplicate node id {n['id']} (also nodes[{ids[n['id']]}])", path=name)
         ids[n["id"]] = i
@@ -183,7 +183,7 @@ def check_pytorch_et(doc: dict, name: str) -> None:
             raise _fail(name, f"{where}.name (node {n['id']})", "must be a string", n.get("name"))
         for key in ("parent", "ctrl_deps"):
             if key in n:
-                integer(n[key], name, f"{where}.{key} (node {n['id']})", optional=True)
+                integer(n[key], name, f"{where}.{key} (node {n['id']})", optional=True, low=0)
         for key in ("inputs", "outputs", "attrs"):
             if key in n and n[key] is not None and not isinstance(n[key], (list, dict)):
                 raise _fail(name, f"{where}.{key} (node {n['id']})", "must be a list or an object", n[key])
@@ -308,7 +308,14 @@ def check_graph_json(doc: dict, name: str) -> None:
 
 
 def _graph_meta(value: Any, name: str, where: str) -> None:
-    """The graph's metadata (ranks, measured times): every number finite, times (`*_s`) >= 0."""
+    """The graph's metadata (ranks, measured times): every number finite, times (`*_s`) >= 0; `ranks` a
+    list of objects (the replay reads one per rank)."""
+    if where == "graph" and value is not None and not isinstance(value, dict):
+        raise _fail(name, where, "must be an object", value)
+    if where == "graph" and isinstance(value, dict) and "ranks" in value:
+        ranks = value["ranks"]
+        if not isinstance(ranks, list) or any(not isinstance(r, dict) for r in ranks):
+            raise _fail(name, "graph.ranks", "must be a list of objects", ranks)
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -141,6 +141,9 @@ def predict_collective(i: int, row: dict, specs: Specs) -> KernelRow:
     nodes = max(1, n // max(1, gpn))
     out = KernelRow(i, row.get("source", ""), coll, f"{n} GPUs = {nodes} x {gpn}", measured)
     found = specs.for_gpu(row.get("gpu", ""), row.get("scaleout", ""))
+    if n < 1:
+        out.skip = "num_gpus not given"
+        return out
     if found is None:
         out.skip = f"no cluster spec for GPU {row.get('gpu', '')!r}"
     elif "FLAG" in row.get("notes", ""):
