@@ -7,13 +7,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test bench validate trace-check clean fuzz kill-check
 
+# pip prints its progress (no -q): the first `make run` installs Ray, Optuna and pandas for a few minutes
 $(BIN)/python:
+	@echo "== creating the virtual environment $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	@echo "== installing comet and its dependencies into $(VENV) (first run: a few minutes, progress below)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
 	touch $(STAMP)
+	@echo "== installed: $$($(BIN)/comet --version)"
 
 run: $(STAMP)
 	$(BIN)/comet search search_spaces/gpt3_1t.yaml

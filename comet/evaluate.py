@@ -35,8 +35,13 @@ def precheck(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -
         par = resolve(model, cluster, parallel)
     except ConfigError as exc:
         return False, str(exc)
-    mem = estimate_memory(model, par, cluster)
+    mem = _memory(model, par, cluster)
     return mem.fits, mem.reason
+
+
+def _memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
+    # perf: a search's pruning pass estimates a candidate's memory before evaluate() does (read-only)
+    return cache.memory.get_or((model, par, cache.cluster_key(cluster)), lambda: estimate_memory(model, par, cluster))
 
 
 def _memory_fields(mem: MemoryEstimate) -> dict:
@@ -50,7 +55,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
         par = resolve(model, cluster, parallel)
     except ConfigError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=parallel.label(), gpus=parallel.gpus or 0)
-    mem = estimate_memory(model, par, cluster)
+    mem = _memory(model, par, cluster)
     if not mem.fits:
         return Result(CandidateStatus.INFEASIBLE, reason=mem.reason, label=par.label(), gpus=par.gpus,
                       **_memory_fields(mem))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 class CandidateStatus(str, enum.Enum):
@@ -42,7 +43,18 @@ class Result:
 
     def to_dict(self, timeline: bool = False) -> dict:
         """JSON-ready: NaN metrics of an infeasible result become None (null)."""
-        d = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+        # perf: asdict() deep-copies the timeline (millions of events); the other fields are scalars and
+        # flat dicts of numbers, copied one level (extra deep-copied only when it nests containers)
+        d = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and math.isnan(v):
+                v = None
+            elif isinstance(v, dict):
+                v = copy.deepcopy(v) if any(isinstance(x, (dict, list, tuple, set)) for x in v.values()) else dict(v)
+            elif isinstance(v, list) and f.name == "timeline":
+                v = copy.deepcopy(v) if timeline else None
+            d[f.name] = v
         d["status"] = self.status.value
         d["feasible"] = self.feasible
         if not timeline:

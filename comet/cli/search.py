@@ -160,24 +160,34 @@ def _front_table(outcome, space, top: int | None) -> Table:
     what = f"each objective's best {top}" if top else "whole front"
     table = Table(title=f"Pareto set: {len(outcome.front)} designs, {len(merged)} distinct ({what})",
                   show_lines=True)
-    table.add_column("design (cluster | layout)", ratio=3, overflow="fold")
-    cols = [o.column for o in space.objectives] + [c for c in ("step_time_s", "mfu") if c not in
-                                                   [o.column for o in space.objectives]]
+    table.add_column("design (cluster | layout)", ratio=1, overflow="fold", min_width=24)   # takes what is left
+    objs = [o.column for o in space.objectives]
+    room = (3 if top else 4) - len(objs)   # an 80-column terminal holds the design and four numbers
+    cols = objs + [c for c in ("step_time_s", "mfu") if c not in objs][:max(0, room)]
     for c in cols:
-        table.add_column(HEADERS.get(c, c), justify="right", ratio=1)
+        table.add_column(HEADERS.get(c, c), justify="right", no_wrap=True)
     if top:
-        table.add_column("top for", ratio=1, overflow="fold")
+        table.add_column("top for", overflow="fold", max_width=14)
     for _, r in rows.iterrows():
         name = f"{cluster_name(r, varying)} | {parallel_name(r)}"
         if r.get("equivalent"):
             name += f" (same at {r['equivalent']})"
-        cells = [name] + [_cell(r[c]) for c in cols] + ([r["best_for"]] if top else [])
+        cells = [name] + [f"{r[c]:.1%}" if c == "mfu" else _money(r[c]) if c.endswith("_usd") else _cell(r[c])
+                          for c in cols] \
+            + ([r["best_for"].replace("_", " ")] if top else [])
         table.add_row(*cells)
     return table
 
 
 HEADERS = {"time_to_train_days": "days", "cost_per_run_usd": "USD/run", "capex_usd": "capex USD",
            "energy_MWh": "MWh", "step_time_s": "step s", "mfu": "MFU", "gpus": "GPUs"}
+
+
+def _money(v) -> str:
+    """USD in a narrow cell: 2.73M, 223.9M, 950k."""
+    if not isinstance(v, (int, float)) or v != v:
+        return "-"
+    return f"{v / 1e6:,.3g}M" if abs(v) >= 1e6 else f"{v / 1e3:,.3g}k" if abs(v) >= 1e3 else f"{v:.0f}"
 
 
 def _cell(v) -> str:

@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     tr = sub.add_parser("transform", help="rescale a trace (hardware, precision, data-parallel degree) and "
                                           "replay it against the original")
     _inputs(tr)
-    tr.add_argument("--dp", type=int, help="data-parallel degree: re-size and re-time the DP group's collectives")
+    tr.add_argument("--dp", type=positive_int, help="data-parallel degree: re-size and re-time the DP group's collectives")
     tr.add_argument("--dp-group", action="append", default=[], metavar="NAME",
                     help="process group that is the data-parallel group (repeatable; default: groups marked "
                          "DP, else those spanning every rank)")
@@ -57,8 +57,8 @@ def register(subparsers) -> None:
                     help="cluster spec the trace was measured on (required with --dp/--cluster/--precision)")
     tr.add_argument("--precision", help="GEMM precision to move to: bf16, fp16 or fp8")
     tr.add_argument("--from-precision", help="GEMM precision of the trace (default: recorded in the graph, else bf16)")
-    tr.add_argument("--tp", type=int, help="tensor-parallel degree (needs layer annotations: not on flat traces)")
-    tr.add_argument("--pp", type=int, help="pipeline-parallel degree (needs layer annotations: not on flat traces)")
+    tr.add_argument("--tp", type=positive_int, help="tensor-parallel degree (needs layer annotations: not on flat traces)")
+    tr.add_argument("--pp", type=positive_int, help="pipeline-parallel degree (needs layer annotations: not on flat traces)")
     tr.add_argument("-o", "--output", help="write the transformed graph as comet graph JSON (for `trace replay`)")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--timeline", metavar="OUT.json", help="write the transformed replay as a Chrome trace")

@@ -123,6 +123,16 @@ def run(args) -> int:
     h = val.summary["held_out"]
     if h.n:
         console.print(f"held-out rows: n={h.n}, MAPE {h.mape:.2f}%, max |error| {h.max_abs:.1f}%", soft_wrap=True)
+    s = val.summary
+    for name, key, cov in (("time metrics", "time_metrics", "time_coverage"),
+                           ("time metrics, dense models", "time_metrics_dense", "time_coverage_dense")):
+        st, c = s[key], s[cov]
+        console.print(f"{name}: MAPE {st.mape:.2f}% over {st.n} rows (held out: "
+                      f"{s[key + '_held_out'].mape:.2f}%); "
+                      f"{c['ok']} of {c['rows']} predicted ({100 * c['ok'] / max(c['rows'], 1):.1f}%), "
+                      f"{c['infeasible']} infeasible", soft_wrap=True)
+    if s["memory"].n:
+        console.print(f"memory rows: MAPE {s['memory'].mape:.2f}% over {s['memory'].n} rows", soft_wrap=True)
     for w in val.warnings:
         console.print(f"[yellow]structural check:[/yellow] {w} (comet/workload/layers.py)", soft_wrap=True)
     c = val.summary["counts"]

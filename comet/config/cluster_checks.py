@@ -20,6 +20,9 @@ def check_cluster(spec: ClusterSpec, source: str) -> ClusterSpec:
                               f"{inner.size} (network dimensions nest, innermost first)", source=source,
                               field=f"network[{i}].size")
     prices = spec.cost.network_usd_per_GBps
+    for i, price in enumerate(prices):
+        if price < 0:
+            raise ConfigError(f"must be >= 0, got {price}", source=source, field=f"cost.network_usd_per_GBps[{i}]")
     if prices and len(prices) != len(dims):
         raise ConfigError(f"lists {len(prices)} prices for {len(dims)} network dimensions "
                           f"({', '.join(d.name for d in dims)}); give one per dimension (0 for one that is "

@@ -48,6 +48,15 @@ def _join(path: str, key: str | int) -> str:
 
 
 def _check_bounds(value: Any, meta: typing.Mapping, source: str, path: str) -> None:
+    """The field's range rule; on a list or mapping of numbers it holds for every item."""
+    if isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _check_bounds(v, meta, source, _join(path, i))
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_bounds(v, meta, source, _join(path, str(k)))
+        return
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     checks = (("gt", lambda v, b: v > b, "> {}"), ("ge", lambda v, b: v >= b, ">= {}"),

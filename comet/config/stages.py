@@ -15,6 +15,8 @@ the even rule keeps Megatron's divisibility by pp * vpp.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from comet.errors import ConfigError
 
 
@@ -50,6 +52,7 @@ def stage_layer_counts(layers: int, pp: int, first: int | None = None, last: int
     return counts
 
 
+@lru_cache(maxsize=1024)   # perf: pure, read for every stage of every candidate of a search
 def chunk_layer_counts(layers: int, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
                        embedding_as_layer: bool = False, loss_as_layer: bool = False) -> tuple[int, ...]:
     """Layers per model chunk, chunk index = vchunk * pp + stage (comet.graph.ir.PipelinePlan)."""

@@ -109,10 +109,10 @@ def _time_block_shared(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> B
     dur = cache.durations.get_or((sig, cache.cluster_key(cluster), precision), durations)
     slowdown = cluster.efficiency.overlap_slowdown
 
-    def run() -> tuple[float, dict]:
+    def run() -> BlockTiming:
         cg = cache.compiled.get_or(sig, lambda: compile_graph(g))
         rep = replay(cg, list(dur), overlap_slowdown=slowdown)
-        return rep.makespan, exposure_parts(rep)
+        return BlockTiming(rep.makespan, exposure_parts(rep))
 
-    makespan, parts = cache.replays.get_or((sig, dur, slowdown), run)
-    return BlockTiming(makespan, dict(parts))
+    # shared between candidates: read-only from here on
+    return cache.replays.get_or((sig, dur, slowdown), run)

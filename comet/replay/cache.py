@@ -70,7 +70,9 @@ replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (durat
 compiled = LRU(256)                 # signature -> CompiledGraph (structure only; no durations)
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
-facts = LRU(64)                     # (question, object key) -> answer about a read-only input
+_interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
+facts = LRU(_GRAPH_ENTRIES)         # (question, object key) -> answer about a read-only input
+memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
@@ -90,7 +92,8 @@ class Signature:
         return self._hash
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Signature) and self._hash == other._hash and self.value == other.value
+        return self is other or (isinstance(other, Signature) and self._hash == other._hash
+                                 and self.value == other.value)
 
 
 def block_signature(g) -> Signature:
@@ -100,6 +103,9 @@ def block_signature(g) -> Signature:
     if sig is None:
         sig = Signature((tuple(g.nodes(data="op")),
                          tuple((u, v, tuple(sorted(d.items()))) for u, v, d in g.edges(data=True))))
+        # perf: equal blocks of different graphs share one Signature object, so cache look-ups compare
+        # identities, not every op
+        sig = _interned.get_or(sig, lambda: sig)
         _signatures[g] = sig
     return sig
 
@@ -175,7 +181,7 @@ def disabled():
 
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs, blocks, facts):
+    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()

@@ -84,6 +84,20 @@ def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
 _task_kinds_shared = cache.memoized(256)(_task_kinds)
 
 
+def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
+    """The parts of blocks `keys` run one after another (summed in order). Shared between candidates
+    whose blocks are the same (cached) BlockTiming objects; the key holds them, so ids stay unique."""
+    held = tuple(blocks[k] for k in dict.fromkeys(keys))
+
+    def total() -> tuple[dict, tuple]:
+        parts: dict = {}
+        for key in keys:
+            _scaled(blocks[key].parts, 1, parts)
+        return parts, held
+
+    return cache.facts.get_or(("blocks parts", keys, tuple(map(id, held))), total)[0]
+
+
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
@@ -91,9 +105,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
     kinds, f_kind, b_kind = _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
     parts_of, dur_of = [], []
     for keys, stride in kinds:
-        parts: dict = {}
-        for key in keys:
-            _scaled(blocks[key].parts, 1, parts)
+        parts = dict(_blocks_parts(keys, blocks))
         if stride is not None:
             parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
                                    + plan.p2p_exposed * p2p_time_s(plan.p2p_bytes, stride, cluster))
@@ -179,6 +191,17 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     return ready
 
 
+def _stage_groups(graph: StepGraph) -> dict:
+    """Stages that share one StageSync object and the same role and layer counts (rows of one
+    array computation in _tails)."""
+    plan, pp = graph.plan, graph.plan.pp
+    groups: dict = {}
+    for s, st in enumerate(graph.stages):
+        role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
+        groups.setdefault(role, []).append(s)
+    return groups
+
+
 def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
            record: bool = False) -> list[StageTail]:
     """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
@@ -189,10 +212,7 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
     gather_end = np.asarray(gather_end, dtype=float)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
-    groups: dict = {}
-    for s, st in enumerate(graph.stages):
-        role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
-        groups.setdefault(role, []).append(s)
+    groups = cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
     dp_end = gather_end.copy()
     adam = np.zeros(pp)
     link = np.zeros(pp)

@@ -14,7 +14,7 @@ import numpy as np
 
 from comet import cost
 from comet.errors import ConfigError
-from comet.search.context import (Candidate, EvalContext, apply_provisioning, candidate_key, canonical_provision,
+from comet.search.context import (Candidate, EvalContext, candidate_key, canonical_provision, provisioned,
                                   parallel_from_params)
 from comet.search.space import Axis, Range, SearchSpace
 
@@ -110,7 +110,7 @@ class CandidateFactory:
                           f"domain size ({size})", params)
         provision = canonical_provision(prov)
         key = candidate_key(self.fingerprint, parallel, provision)
-        cluster = apply_provisioning(self.ctx.cluster, dict(provision))
+        cluster = provisioned(self.ctx.cluster, provision)
         if c.max_capex_usd is not None:
             capex = cost.capex_usd(cluster, parallel.gpus, self.ctx.gpus_per_chassis)
             if capex > c.max_capex_usd:

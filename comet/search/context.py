@@ -128,7 +128,8 @@ def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> P
 
 
 def parallel_dict(parallel: ParallelConfig) -> dict:
-    d = dataclasses.asdict(parallel)
+    # perf: the fields are scalars, enums and a tuple of enums: a shallow copy is what asdict() gives
+    d = {f.name: getattr(parallel, f.name) for f in dataclasses.fields(parallel)}
     for k, v in d.items():
         if isinstance(v, (Schedule, Recompute, Precision, Dispatcher)):
             d[k] = v.value
@@ -160,7 +161,22 @@ def context_fingerprint(ctx_parts: dict) -> str:
 
 
 def cluster_for(ctx: EvalContext, cand: Candidate) -> ClusterSpec:
-    return apply_provisioning(ctx.cluster, cand.provision_dict)
+    return provisioned(ctx.cluster, cand.provision)
+
+
+_provisioned: dict = {}
+
+
+def provisioned(cluster: ClusterSpec, provision: tuple) -> ClusterSpec:
+    """apply_provisioning, one object per (base cluster, provisioning) in this process: the candidates
+    of a study share a few dozen clusters, and the replay's caches key a cluster object once."""
+    key = (id(cluster), provision)
+    hit = _provisioned.get(key)
+    if hit is None or hit[0] is not cluster:
+        if len(_provisioned) >= 1024:
+            _provisioned.clear()
+        hit = _provisioned[key] = (cluster, apply_provisioning(cluster, dict(provision)))
+    return hit[1]
 
 
 def _evaluate_fn(ctx: EvalContext) -> Callable:

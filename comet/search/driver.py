@@ -235,7 +235,7 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
         if executor is not None:
             executor.cancel()
     finally:
-        state.journal.close()
+        state.journal.compact()
         if executor is not None:
             executor.close()
         opts.progress.finish()

@@ -64,6 +64,14 @@ def parallel_name(row) -> str:
     off = _get(row, "offload")
     if off and off != "none":
         parts.append(f"offload {off.replace('+', ' + ')}")
+    if _get(row, "moe_dispatcher") not in (None, "alltoall"):     # MoE knobs away from their defaults
+        parts.append(f"{row['moe_dispatcher']} dispatch")
+    if _get(row, "moe_capacity_factor") is not None:
+        parts.append(f"capacity {row['moe_capacity_factor']:g}")
+    if _get(row, "moe_imbalance") not in (None, 1.0):
+        parts.append(f"imbalance {row['moe_imbalance']:g}")
+    if _get(row, "moe_overlap_a2a"):
+        parts.append("a2a overlap")
     return ", ".join(parts)
 
 

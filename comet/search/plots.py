@@ -14,8 +14,20 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from comet.result import BREAKDOWN_KEYS  # noqa: E402
-from comet.search.analysis import cluster_tag  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from comet.search.analysis import cluster_columns  # noqa: E402
+from comet.search.naming import cluster_name, parallel_name  # noqa: E402
 from comet.search.space import SearchSpace  # noqa: E402
+
+
+# Axis labels with units, and the breakdown components in words
+LABELS = {"time_to_train_days": "time to train (days)", "cost_per_run_usd": "cost per run (USD)",
+          "capex_usd": "capex (USD)", "energy_MWh": "energy per run (MWh)", "step_time_s": "step time (s)",
+          "mfu": "MFU (model FLOPs / peak)", "gpus": "GPUs"}
+PARTS = {"compute": "compute", "exposed_tp": "exposed TP comm", "exposed_cp": "exposed CP comm",
+         "exposed_dp": "exposed DP comm", "exposed_pp": "exposed PP send", "pipeline_bubble": "pipeline bubble",
+         "optimizer": "optimizer step", "offload": "offload traffic"}
 
 
 def write_plots(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, out: Path) -> list[Path]:
@@ -23,8 +35,27 @@ def write_plots(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, out: 
     if ok.empty:
         return []
     paths = [_pareto(ok, front, space, out / "pareto.png"), _heatmap(ok, out / "heatmap_tp_pp.png"),
-             _breakdown(front if not front.empty else ok, space, out / "breakdown_top.png")]
+             _breakdown(front if not front.empty else ok, df, space, out / "breakdown_top.png")]
     return [p for p in paths if p is not None]
+
+
+def _human(v: float, _pos=None) -> str:
+    """Tick label without offsets or powers of ten: 1.2M, 350k, 12.5, 0.45."""
+    a = abs(v)
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div:
+            return f"{v / div:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
+def _axis(ax, which: str, values: np.ndarray, label: str) -> None:
+    vals = values[np.isfinite(values) & (values > 0)]
+    if len(vals) and vals.max() / vals.min() > 20:
+        getattr(ax, f"set_{which}scale")("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_formatter(FuncFormatter(_human))
+    axis.set_minor_formatter(FuncFormatter(lambda v, p: ""))
+    getattr(ax, f"set_{which}label")(label)
 
 
 def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, path: Path) -> Path:
@@ -32,24 +63,27 @@ def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, path: Pat
     if len(cols) == 1:   # one objective: show it against the GPU count
         cols = [cols[0], "gpus"] if cols[0] != "gpus" else [cols[0], "step_time_s"]
     pairs = list(itertools.combinations(cols, 2))[:6]
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5.5 * len(pairs), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.5 * len(pairs), 4.8), squeeze=False)
+    gpus = sorted(ok["gpus"].dropna().unique()) if "gpus" in ok else []
     for ax, (x, y) in zip(axes[0], pairs):
-        ax.scatter(ok[x], ok[y], s=6, alpha=0.35, color="0.6", label="feasible")
+        if 1 < len(gpus) <= 8:   # colour by GPU count: the first thing a buyer compares
+            for i, g in enumerate(gpus):
+                sub = ok[ok["gpus"] == g]
+                ax.scatter(sub[x], sub[y], s=8, alpha=0.45, color=f"C{i}",
+                           label=f"{int(g)} GPUs")
+        else:
+            ax.scatter(ok[x], ok[y], s=8, alpha=0.4, color="0.6", label="feasible designs")
         if not front.empty:
             f = front.sort_values(x)
-            ax.scatter(f[x], f[y], s=18, color="C3", label="Pareto set")
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        for col, axis in ((x, "x"), (y, "y")):
-            vals = ok[col].to_numpy(float)
-            vals = vals[np.isfinite(vals) & (vals > 0)]
-            if len(vals) and vals.max() / vals.min() > 20:
-                getattr(ax, f"set_{axis}scale")("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{space.study}: objectives")
+            ax.scatter(f[x], f[y], s=40, facecolors="none", edgecolors="k", linewidths=1.5,
+                       label="Pareto front (all objectives)")
+        _axis(ax, "x", ok[x].to_numpy(float), LABELS.get(x, x))
+        _axis(ax, "y", ok[y].to_numpy(float), LABELS.get(y, y))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle(f"{space.study}: every feasible design; lower-left is better")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -60,44 +94,51 @@ def _heatmap(ok: pd.DataFrame, path: Path) -> Path | None:
     best = ok.groupby(["tp", "pp"])["step_time_s"].min().unstack("pp")
     if best.empty:
         return None
-    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * best.shape[1], 1.0 + 0.6 * best.shape[0]))
+    fig, ax = plt.subplots(figsize=(2.5 + 0.9 * best.shape[1], 1.8 + 0.6 * best.shape[0]))
     im = ax.imshow(best.to_numpy(float), cmap="viridis_r", aspect="auto")
     ax.set_xticks(range(best.shape[1]), [str(c) for c in best.columns])
     ax.set_yticks(range(best.shape[0]), [str(i) for i in best.index])
-    ax.set_xlabel("pp")
-    ax.set_ylabel("tp")
+    ax.set_xlabel("pipeline stages (pp)")
+    ax.set_ylabel("tensor parallel size (tp)")
+    lo, hi = np.nanmin(best.to_numpy(float)), np.nanmax(best.to_numpy(float))
     for (i, j), v in np.ndenumerate(best.to_numpy(float)):
-        if np.isfinite(v):
-            ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7, color="w")
+        if np.isfinite(v):   # 3 significant digits; dark text on the light (fast) cells
+            light = hi > lo and (v - lo) / (hi - lo) < 0.5
+            ax.text(j, i, f"{v:#.3g}", ha="center", va="center", fontsize=8, color="k" if light else "w")
     fig.colorbar(im, ax=ax, label="best step time (s)")
-    ax.set_title("best step time over all other axes")
+    ax.set_title("best step time (s) at each tp x pp,\nover every other axis (blank: none feasible)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def _breakdown(rows: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10) -> Path:
+def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10) -> Path:
     first = space.objectives[0]
     rows = rows.sort_values(first.column, ascending=first.direction.value == "min")
     rows = rows.drop_duplicates(subset=[o.column for o in space.objectives]).head(top)
-    fig, ax = plt.subplots(figsize=(11, 0.5 * len(rows) + 2.5))
+    varying = [c for c in cluster_columns(df) if c != "gpus"]
+    labels = [f"{cluster_name(r, varying)}\n{parallel_name(r)}" for _, r in rows.iterrows()]
+    fig, ax = plt.subplots(figsize=(12, 0.75 * len(rows) + 2.2))
     left = np.zeros(len(rows))
-    labels = [f"{cluster_tag(r)}  {r['label']}" + (f" off:{r['offload']}" if r.get("offload", "none") != "none" else "")
-              for _, r in rows.iterrows()]
     for i, key in enumerate(BREAKDOWN_KEYS):
         col = f"breakdown.{key}"
         if col not in rows:
             continue
         vals = rows[col].fillna(0).to_numpy(float)
-        ax.barh(range(len(rows)), vals, left=left, color=f"C{i}", label=key)
+        if not vals.any():
+            continue   # a component that is zero everywhere only clutters the legend
+        ax.barh(range(len(rows)), vals, left=left, color=f"C{i}", label=PARTS.get(key, key))
         left += vals
-    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("step time (s)")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    ax.set_title(f"step-time breakdown, top {len(rows)} distinct designs by {first.column}")
+    ax.set_xlabel("step time (s), critical pipeline stage")
+    ax.xaxis.set_major_formatter(FuncFormatter(_human))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="component")
+    ax.set_title(f"where the step time goes: the {len(rows)} best distinct designs by "
+                 f"{LABELS.get(first.column, first.column)}")
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

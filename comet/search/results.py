@@ -3,6 +3,7 @@ Ctrl-C or a crash), turned into candidates.parquet / .csv, pareto.csv and study.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -19,31 +20,45 @@ from comet.search.pareto import pareto_mask
 from comet.search.space import Direction, SearchSpace
 
 JOURNAL = "journal.jsonl"
-PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "ep", "etp", "sequence_parallel", "schedule", "micro_batch", "recompute",
-                    "zero", "precision", "offload")
+PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "ep", "etp", "sequence_parallel", "schedule", "micro_batch",
+                    "recompute", "zero", "precision", "offload",
+                    "moe_dispatcher", "moe_capacity_factor", "moe_imbalance", "moe_overlap_a2a")
 METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tflops_per_gpu", "memory_gb_per_gpu")
 
 
 class Journal:
-    """One JSON line per evaluated candidate, flushed at once; a torn last line is ignored on load."""
+    """One JSON line per evaluated candidate, flushed at once; a torn last line is ignored on load.
+
+    While a run is going the lines go to journal.jsonl; at its end (also after Ctrl-C) `compact` folds
+    them into journal.jsonl.gz (written beside and renamed, so a kill leaves either file whole): a
+    flagship study's journal is ~30 MB as text, ~3 MB compressed. Loading reads both."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.gz = path.with_name(path.name + ".gz")
         self._file = None
 
     def load(self) -> dict[str, dict]:
         records: dict[str, dict] = {}
-        if not self.path.exists():
-            return records
-        with self.path.open() as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue    # a line cut short by a kill: that candidate is simply evaluated again
-                if isinstance(rec, dict) and "key" in rec:
-                    records[rec["key"]] = rec
+        for line in self._lines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue    # a line cut short by a kill: that candidate is simply evaluated again
+            if isinstance(rec, dict) and "key" in rec:
+                records[rec["key"]] = rec
         return records
+
+    def _lines(self):
+        if self.gz.exists():
+            try:
+                with gzip.open(self.gz, "rt") as f:
+                    yield from f
+            except (OSError, EOFError):   # a damaged archive: what was read is kept, the rest re-evaluated
+                pass
+        if self.path.exists():
+            with self.path.open() as f:
+                yield from f
 
     def append(self, record: dict) -> None:
         if self._file is None:
@@ -60,6 +75,19 @@ class Journal:
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+
+    def compact(self) -> None:
+        """Fold journal.jsonl into journal.jsonl.gz (one line per candidate, the last record of a key wins)."""
+        self.close()
+        if not self.path.exists():
+            return
+        records = self.load()
+        tmp = self.gz.with_name(self.gz.name + ".tmp")
+        with gzip.open(tmp, "wt", compresslevel=6) as f:
+            for rec in records.values():
+                f.write(json.dumps(rec, default=_json_default, allow_nan=True) + "\n")
+        os.replace(tmp, self.gz)
+        self.path.unlink()
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -170,10 +198,13 @@ def pareto_rows(df: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
 
 
 def write_tables(df: pd.DataFrame, front: pd.DataFrame, out: Path) -> list[Path]:
-    paths = [out / "candidates.parquet", out / "candidates.csv", out / "pareto.csv"]
+    """candidates.parquet (the table), candidates.csv.gz (the same for spreadsheets: pandas and most tools
+    read it compressed; 8 MB as plain text for a flagship study) and pareto.csv."""
+    paths = [out / "candidates.parquet", out / "candidates.csv.gz", out / "pareto.csv"]
     df.to_parquet(paths[0], index=False)
-    df.to_csv(paths[1], index=False)
+    df.to_csv(paths[1], index=False, compression={"method": "gzip", "compresslevel": 6, "mtime": 0})
     front.to_csv(paths[2], index=False)
+    (out / "candidates.csv").unlink(missing_ok=True)   # the plain copy an earlier version wrote
     return paths
 
 

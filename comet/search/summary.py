@@ -215,8 +215,9 @@ def provisioning(r: Report) -> list[str]:
 
 
 def files(r: Report) -> list[str]:
-    return ["", "## Files", "", "candidates.parquet / candidates.csv (every evaluated candidate, with its model, job "
-            "and complete cluster), pareto.csv (every Pareto row, unmerged), study.yaml, journal.jsonl, *.png, "
+    return ["", "## Files", "", "candidates.parquet / candidates.csv.gz (every evaluated candidate, with its model, job "
+            "and complete cluster), pareto.csv (every Pareto row, unmerged), study.yaml, journal.jsonl.gz (the "
+            "raw results, for resuming), *.png, "
             "timelines/*.json.gz (task-level Chrome traces: open in https://ui.perfetto.dev)"
             + (", optuna.db (`optuna-dashboard sqlite:///optuna.db`)" if r.space.method.uses_optuna else "")]
 

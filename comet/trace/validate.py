@@ -221,7 +221,7 @@ def _chakra_nodes(nodes: list[dict], name: str, where_list: str, keys: dict[str,
             if not isinstance(deps, list):
                 raise _fail(name, f"{where}.{k} (node {nid})", "must be a list of node ids", deps)
             for d in deps:
-                integer(d, name, f"{where}.{k} (node {nid})")
+                integer(d, name, f"{where}.{k} (node {nid})", low=0)
         number(n.get(k_dur), name, f"{where}.{k_dur} (node {nid})")
         attrs = n.get("attrs", n)
         for k in ("comm_size", "tensor_size", "num_ops", "comet_duration_s", "comet_start_s"):

@@ -11,12 +11,14 @@ byte count, a kernel comet has no model of) is reported as skipped with the reas
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, load_cluster
+from comet.config.document import read_text
 from comet.errors import ConfigError
 from comet.graph.ir import Collective
 from comet.hardware.compute import attention_time_s, gemm_time_s, memory_time_s
@@ -51,9 +53,11 @@ class KernelRow:
         return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s if not self.skip else math.nan
 
     def as_dict(self) -> dict:
+        def num(x: float) -> float | None:   # NaN (not measured / not predicted) is null: strict JSON
+            return x if math.isfinite(x) else None
         return {"row": self.index, "source": self.source, "kind": self.kind, "scale": self.scale,
-                "measured_s": self.measured_s, "predicted_s": self.predicted_s, "error_pct": self.error_pct,
-                "detail": self.detail, "skipped": self.skip}
+                "measured_s": num(self.measured_s), "predicted_s": num(self.predicted_s),
+                "error_pct": num(self.error_pct), "detail": self.detail, "skipped": self.skip}
 
 
 def file_kind(header: list[str]) -> str | None:
@@ -71,8 +75,8 @@ def file_kind(header: list[str]) -> str | None:
 
 
 def kernel_level(path: Path) -> bool:
-    with path.open(newline="") as fh:
-        return file_kind(next(csv.reader(fh), [])) is not None
+    text = read_text(path, "CSV")    # the input gate (comet/config/document.py): binary, gzip, UTF-8, size
+    return file_kind(next(csv.reader(io.StringIO(text, newline="")), [])) is not None
 
 
 class Specs:
@@ -205,6 +209,8 @@ def predict_attention(i: int, row: dict, specs: Specs) -> KernelRow:
     measured = ms * 1e-3 if ms > 0 else (flops / (tflops * 1e12) if tflops > 0 else math.nan)
     out = KernelRow(i, row.get("source", ""), f"attention {direction}", f"b{b} s{sq} h{h} d{d}", measured)
     found = specs.for_gpu(row.get("gpu", ""))
+    if min(b, sq, skv, h, d) <= 0:        # an unreadable or non-positive dimension: not a shape
+        measured = math.nan
     if found is None or not measured > 0 or direction not in ("fwd", "bwd"):
         out.skip = ("no cluster spec for the GPU" if found is None else
                     "no time or TFLOP/s printed" if not measured > 0 else f"direction {direction!r} not fwd/bwd")
@@ -248,7 +254,7 @@ PREDICT = {"collectives": predict_collective, "gemm": predict_gemm, "attention":
 
 
 def validate_kernels(path: Path, specs_dir: Path) -> tuple[str, list[KernelRow]]:
-    with path.open(newline="") as fh:
+    with io.StringIO(read_text(path, "CSV"), newline="") as fh:
         reader = csv.DictReader(fh)
         kind = file_kind(reader.fieldnames or [])
         if kind is None:
@@ -256,7 +262,28 @@ def validate_kernels(path: Path, specs_dir: Path) -> tuple[str, list[KernelRow]]
                               source=str(path))
         rows = [{k: (v or "").strip() for k, v in r.items() if k is not None} for r in reader]
     specs = Specs(specs_dir)
-    return kind, [PREDICT[kind](i, r, specs) for i, r in enumerate(rows)]
+    return kind, [_bad_cell(i, r, kind) or PREDICT[kind](i, r, specs) for i, r in enumerate(rows)]
+
+
+# numeric columns per file: a filled-in cell must be a finite number >= 0 (a blank one is "not printed")
+NUMERIC_COLUMNS = {"collectives": ("num_gpus", "num_nodes", "gpus_per_node", "time_us", "algbw_GBps", "busbw_GBps"),
+                   "gemm": ("m", "n", "k", "tflops", "time_us"),
+                   "attention": ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "tflops", "time_ms"),
+                   "memory": ("bytes", "GBps")}
+
+
+def _bad_cell(i: int, row: dict, kind: str) -> KernelRow | None:
+    """The row skipped with the column and the value when a numeric cell is not a finite number >= 0."""
+    for col in NUMERIC_COLUMNS[kind]:
+        text = row.get(col, "")
+        if text == "":
+            continue
+        x = _float(text)
+        if not math.isfinite(x) or x < 0:
+            out = KernelRow(i, row.get("source", ""), kind, "", math.nan)
+            out.skip = f"bad cell: column {col}={text!r}: must be a finite number >= 0"
+            return out
+    return None
 
 
 @dataclass(frozen=True)

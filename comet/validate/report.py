@@ -70,11 +70,16 @@ def summary_md(val: Validation) -> list[str]:
     out = ["| rows | n | MAPE | max abs error | bias |", "|---|---|---|---|---|",
            _stat_row("**time metrics** (iteration time, tokens/s, TFLOP/s, MFU, time to train)", s["time_metrics"]),
            _stat_row("**time metrics, held-out rows**", s["time_metrics_held_out"]),
+           _stat_row("dense models: time metrics", s["time_metrics_dense"]),
+           _stat_row("dense models: time metrics, held-out rows", s["time_metrics_dense_held_out"]),
            _stat_row("**memory rows** (peak memory per GPU)", s["memory"]),
            _stat_row("all modelled rows", s["overall"]), _stat_row("fitted rows", s["fitted_rows"]),
            _stat_row("**held-out rows** (every 3rd of each source)", s["held_out"]), "",
            f"Time-metric rows: {cov['rows']}, predicted {cov['ok']} ({100 * cov['ok'] / max(cov['rows'], 1):.1f}%), "
-           f"skipped {cov['skipped']}, infeasible {cov['infeasible']}."]
+           f"skipped {cov['skipped']}, infeasible {cov['infeasible']}. Dense models: "
+           f"{s['time_coverage_dense']['rows']} rows, predicted {s['time_coverage_dense']['ok']} "
+           f"({100 * s['time_coverage_dense']['ok'] / max(s['time_coverage_dense']['rows'], 1):.1f}%), "
+           f"infeasible {s['time_coverage_dense']['infeasible']}."]
     out += ["", "### Residuals by regime (time metrics)", "",
             "These feed the expected error band that `comet estimate` and the search summary print "
             "(comet/validate/uncertainty.py, stored in comet/validate/error_bands.json)."]

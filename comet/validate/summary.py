@@ -50,7 +50,7 @@ def scale(p: Prediction) -> str:
     """Regime by job size: GPUs in the job."""
     try:
         n = int(float(p.case.row.get("num_gpus") or 0))
-    except ValueError:
+    except (ValueError, OverflowError):    # a bad cell (its row is skipped): no regime
         n = 0
     return "<=64 GPUs" if n <= 64 else ("65-1024 GPUs" if n <= 1024 else ">1024 GPUs")
 
@@ -73,9 +73,12 @@ def summarize(preds: list[Prediction]) -> dict:
     an expected error band for new predictions."""
     counts = {s: sum(p.status == s for p in preds) for s in ("ok", "skipped", "infeasible")}
     time_rows = [p for p in preds if p.case.metric in TIME_METRICS]
+    dense_rows = [p for p in time_rows if p.case.model is None or p.case.model.moe is None]
     return {
         "time_metrics": stats(time_rows),
         "time_metrics_held_out": stats([p for p in time_rows if p.case.held_out]),
+        "time_metrics_dense": stats(dense_rows),
+        "time_metrics_dense_held_out": stats([p for p in dense_rows if p.case.held_out]),
         "memory": stats([p for p in preds if p.case.metric in MEMORY_METRICS]),
         "by_precision": grouped(time_rows, precision),
         "by_scale": grouped(time_rows, scale),
@@ -83,6 +86,8 @@ def summarize(preds: list[Prediction]) -> dict:
         "by_model_size": grouped(time_rows, model_size),
         "time_coverage": {"rows": len(time_rows), **{s: sum(p.status == s for p in time_rows)
                                                       for s in ("ok", "skipped", "infeasible")}},
+        "time_coverage_dense": {"rows": len(dense_rows), **{s: sum(p.status == s for p in dense_rows)
+                                                            for s in ("ok", "skipped", "infeasible")}},
         "overall": stats(preds),
         "held_out": stats([p for p in preds if p.case.held_out]),
         "fitted_rows": stats([p for p in preds if not p.case.held_out]),
@@ -99,7 +104,7 @@ def summary_as_dict(summary: dict) -> dict:
     for k, v in summary.items():
         if isinstance(v, ErrorStats):
             out[k] = v.as_dict()
-        elif k in ("counts", "time_coverage"):
+        elif k in ("counts", "time_coverage", "time_coverage_dense"):
             out[k] = dict(v)
         else:
             out[k] = {name: s.as_dict() for name, s in v.items()}

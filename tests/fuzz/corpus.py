@@ -50,6 +50,7 @@ ET_SEED = TRACES / "single_gpu" / "benchmark_simple_add_et.json.gz"
 CHAKRA_JSON_SEED = (TRACES / "chakra_et" / "json_trace.tar.gz", "jsonData/small_chakra.0.json")
 CHAKRA_ET_SEED = TRACES / "chakra_et" / "astra_sim_all_reduce_8npus_1MB" / "all_reduce.0.et"
 CSV_SEED = SHARED / "calibration" / "measurements.csv"   # schema v2 (SCHEMA.md); the first rows are the seed
+KERNEL_CSV_SEEDS = [SHARED / "calibration" / f"{k}.csv" for k in ("gemm", "collectives", "attention", "memory")]
 # per format: (list key, fields of each item the reader takes in). A planted NaN / inf / negative value
 # there must be refused.
 TRACE_READS = {"kineto": ("traceEvents", {"ts", "dur"}),
@@ -175,13 +176,15 @@ def csv_cases(n: int, rng: random.Random, work: Path) -> list[Case]:
     if not CSV_SEED.is_file():
         return []
     import csv
-    lines = CSV_SEED.read_text().splitlines(keepends=True)
-    seed_bytes = "".join(lines[:4]).encode()
-    rows = list(csv.reader(io.StringIO("".join(lines[:4]))))
-    header, body = rows[0], rows[1:]
-    numeric_cols = [j for j, h in enumerate(header) if any(_is_float(r[j]) for r in body)]
+    seeds = []
+    for path in [CSV_SEED] + [p for p in KERNEL_CSV_SEEDS if p.is_file()]:
+        lines = path.read_text().splitlines(keepends=True)
+        rows = list(csv.reader(io.StringIO("".join(lines[:4]))))
+        numeric = [j for j, h in enumerate(rows[0]) if any(_is_float(r[j]) for r in rows[1:])]
+        seeds.append(("".join(lines[:4]).encode(), rows[0], rows[1:], numeric))
     out = []
     for i in range(n):
+        seed_bytes, header, body, numeric_cols = seeds[0] if rng.random() < 0.6 else rng.choice(seeds)
         if rng.random() < 0.65 and numeric_cols:
             r, j = rng.randrange(len(body)), rng.choice(numeric_cols)
             new = [list(x) for x in body]
@@ -250,7 +253,9 @@ def _trace_doc_cases(kind: str, name: str, doc, n: int, rng: random.Random, work
 def _et_structural(doc, rng):
     d = json.loads(json.dumps(doc))
     nodes = d["nodes"]
-    a, b = rng.sample(range(len(nodes)), 2)
+    # roots ("[pytorch|profiler|execution_...]") are their own parents by convention: pick operators
+    ops = [i for i, n in enumerate(nodes) if not str(n.get("name", "")).startswith("[pytorch|profiler|execution_")]
+    a, b = rng.sample(ops, 2)
     what = rng.choice(("self_parent", "mutual_parent", "null_names", "dup_ids", "list_id", "str_ids"))
     if what == "self_parent":
         nodes[a]["parent"] = nodes[a]["id"]
@@ -441,16 +446,22 @@ def _check_validate_json(case: Case, code: int, seconds: float) -> Outcome:
         return Outcome(case, code, seconds, "garbage", f"exit 0 but no readable --json output ({exc})")
     rows = doc.get("rows", [])
     row = getattr(case.mutation, "row", None)
+    def index(r):      # training rows carry "index", kernel-level rows "row"
+        return r.get("index", r.get("row"))
+
+    def skipped(r):
+        return r.get("status") == "skipped" or bool(r.get("skipped"))
+
     if case.mutation.must_reject:
-        hit = [r for r in rows if r.get("index") == row]
-        if row is None or (hit and hit[0].get("status") not in ("skipped",)):
+        hit = [r for r in rows if index(r) == row]
+        if row is None or (hit and not skipped(hit[0])):
             return Outcome(case, code, seconds, "garbage",
                            f"row {row} with {case.mutation.name} at {case.mutation.path} was "
-                           f"{hit[0].get('status') if hit else 'accepted'}")
+                           f"{hit[0].get('status', 'predicted') if hit else 'accepted'}")
     for r in rows:
-        for key in ("predicted", "error_pct"):
+        for key in ("predicted", "predicted_s", "error_pct"):
             v = r.get(key)
-            if isinstance(v, float) and not math.isfinite(v) or (key == "predicted" and isinstance(v, (int, float))
+            if isinstance(v, float) and not math.isfinite(v) or (key != "error_pct" and isinstance(v, (int, float))
                                                                   and v < 0):
                 return Outcome(case, code, seconds, "garbage", f"row {r.get('index')} {key}={v}")
     return Outcome(case, code, seconds, "ok")

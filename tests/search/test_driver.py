@@ -46,7 +46,8 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tiny_raw, tmp_path):
     cut = run_study(space, _opts(tmp_path / "cut"))
     assert cut.interrupted
     assert cut.evaluated_now == 8                        # two whole chunks of 4 reached the journal
-    lines = (tmp_path / "cut" / JOURNAL).read_text().splitlines()
+    assert not (tmp_path / "cut" / JOURNAL).exists()           # folded into the compressed journal
+    lines = gzip.decompress((tmp_path / "cut" / f"{JOURNAL}.gz").read_bytes()).decode().splitlines()
     assert len(lines) == 8
     assert (tmp_path / "cut" / "candidates.parquet").exists()   # flushed to parquet on Ctrl-C too
     assert (tmp_path / "cut" / "summary.md").read_text().count("interrupted") == 1
@@ -64,21 +65,21 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tiny_raw, tmp_path):
 def test_torn_journal_line_is_evaluated_again(tiny_raw, tmp_path):
     space = parse_space(tiny_raw, TINY_SOURCE)
     run_study(space, _opts(tmp_path, timelines=False))
-    path = tmp_path / JOURNAL
-    lines = path.read_text().splitlines()
-    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])   # killed mid-write
+    path, packed = tmp_path / JOURNAL, tmp_path / f"{JOURNAL}.gz"
+    lines = gzip.decompress(packed.read_bytes()).decode().splitlines()
+    packed.unlink()            # a run killed before compacting leaves only the plain journal ...
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])   # ... torn mid-write
     again = run_study(space, _opts(tmp_path, timelines=False))
     assert again.evaluated_now == 1 and again.resumed == 31 and len(again.frame) == 32
-    for line in path.read_text().splitlines()[-2:]:
-        if line.endswith("}"):
-            json.loads(line)
+    for line in gzip.decompress(packed.read_bytes()).decode().splitlines():
+        json.loads(line)      # the compacted journal holds whole lines only
 
 
 def test_outputs_written(tiny_raw, tmp_path):
     out = run_study(parse_space(tiny_raw, TINY_SOURCE), _opts(tmp_path))
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"candidates.parquet", "candidates.csv", "pareto.csv", "study.yaml", "summary.md", "pareto.png",
-            "heatmap_tp_pp.png", "breakdown_top.png", "timelines", JOURNAL} <= names
+    assert {"candidates.parquet", "candidates.csv.gz", "pareto.csv", "study.yaml", "summary.md", "pareto.png",
+            "heatmap_tp_pp.png", "breakdown_top.png", "timelines", f"{JOURNAL}.gz"} <= names
     df = pd.read_parquet(tmp_path / "candidates.parquet")
     assert len(df) == 32 and set(df["status"]) == {"ok", "infeasible"}
     assert (df.loc[df.status == "infeasible", "reason"] == "activations do not fit memory").all()

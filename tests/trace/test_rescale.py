@@ -43,7 +43,10 @@ def test_dp_16_retimes_dp_collectives_by_the_ring_model(dlrm, h100):
         else:
             assert new is op                      # compute, copies and CPU ops keep their measured op
     assert new_comm == pytest.approx(expected, rel=1e-12)
-    assert new_comm > 1.5 * old_comm              # inter-node steps cost more than NVLink ones
+    # inter-node ring steps cost more than NVLink ones; NCCL pipelines the ring across the node boundary
+    # (8 NICs carry it at about NVLink's rate: 2-node ring bus bandwidth ~390 GB/s, nccl-tests#309), so
+    # the extra cost is latency and the slower of the two hops, not a second full pass
+    assert new_comm > 1.5 * old_comm
     assert res.changed["retimed"]["collective"] == res.changed["resized_collectives"] == 64
     assert res.changed["retimed"]["compute"] == 0
     assert all(op.group_size == 8 for _, op in ops(dlrm) if op.kind is OpKind.COLLECTIVE)   # input untouched
@@ -115,7 +118,7 @@ def test_cli_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--dp", "0", "--from-cluster", H100], "--dp: must be a whole number >= 1, got 0"),
+    (["--dp", "0", "--from-cluster", H100], "--dp: must be >= 1, got 0"),   # checked by the flag type
     (["--cluster", A100], "--from-cluster"),
     (["--dp", "16"], "--from-cluster"),
     (["--cluster", "nope.yaml", "--from-cluster", H100], "nope.yaml: file not found"),
