@@ -110,6 +110,12 @@ def power_W(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None
             + gpus * expansion_GB(cluster) * p.expansion_W_per_GB)
 
 
+def power_floor_W(cluster: ClusterSpec, gpus: int, gpus_per_chassis: int | None = None) -> float:
+    """The least IT power any step can average: every GPU at its idle draw (nothing busy); with no idle
+    draw in the spec, power does not depend on utilisation and this is the power itself."""
+    return power_W(cluster, gpus, gpus_per_chassis, {"compute": 0.0, "comm": 0.0})
+
+
 def time_to_train_s(tokens_per_s: float, job: JobSpec) -> float:
     if not tokens_per_s > 0:
         return math.inf

@@ -12,6 +12,7 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.hardware.network import p2p_time_s
 from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
+from comet.replay.contention import dp_nic_rate, serial_shared
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
@@ -160,7 +161,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             clock += bs.count * d
         gather_end[s] = clock
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    tails = _tails(graph, summary, gather_end, t, blocks, record=keep_block_replays)
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision)   # NIC shared by DP and backward traffic (contention.py)
+    tails = _tails(graph, summary, gather_end, t, blocks, record=keep_block_replays, dp_rate=dp_rate)
     if keep_block_replays:
         for s in range(pp):
             tails[s].dp_events[:0] = gather_events[s]
@@ -203,7 +205,7 @@ def _stage_groups(graph: StepGraph) -> dict:
 
 
 def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
-           record: bool = False) -> list[StageTail]:
+           record: bool = False, dp_rate: np.ndarray | None = None) -> list[StageTail]:
     """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
     `record` (for the timeline)."""
     plan = graph.plan
@@ -229,7 +231,11 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
         chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
         ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
         order = np.argsort(ready, axis=1, kind="stable")
-        ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
+        if dp_rate is None:
+            ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
+        else:   # the DP stream gets the NIC share the backward's traffic leaves until the stage's last backward ends
+            ends = serial_shared(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows],
+                                 summary.compute_end[rows], dp_rate[rows])
         dp_end[rows] = ends[:, -1]
         if record:
             names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]

@@ -115,6 +115,11 @@ class CandidateFactory:
             capex = cost.capex_usd(cluster, parallel.gpus, self.ctx.gpus_per_chassis)
             if capex > c.max_capex_usd:
                 return Pruned("constraint max_capex_usd", f"capex {capex:,.0f} USD > {c.max_capex_usd:,.0f}", params)
+        if c.max_power_kW is not None:   # even all GPUs at their idle draw exceed the cap: no replay can help
+            floor_kW = cost.power_floor_W(cluster, parallel.gpus, self.ctx.gpus_per_chassis) / 1000.0
+            if floor_kW > c.max_power_kW:
+                return Pruned("constraint max_power_kW", f"power at least {floor_kW:,.1f} kW (GPUs at idle draw) "
+                              f"> max_power_kW {c.max_power_kW:,.1f}", params)
         if self._precheck is not None:
             mem_key = (parallel, tuple(kv for kv in provision if kv[0] in _MEMORY_KEYS))
             if mem_key not in self._prechecked:

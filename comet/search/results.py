@@ -157,15 +157,22 @@ def to_frame(records: list[dict], study: dict | None = None, cluster: dict | Non
     return df
 
 
+def budget_limits(space: SearchSpace) -> list[tuple[float, str]]:
+    """(limit, results column) of every budget constraint the space sets; max_power_kW caps the average
+    IT power at the candidate's utilisation (power_kW, comet/cost.py: run_costs)."""
+    c = space.constraints
+    pairs = ((c.max_cost_per_run_usd, "cost_per_run_usd"), (c.max_time_to_train_days, "time_to_train_days"),
+             (c.max_capex_usd, "capex_usd"), (c.max_gpus, "gpus"), (c.max_power_kW, "power_kW"))
+    return [(limit, col) for limit, col in pairs if limit is not None]
+
+
 def meets_constraints(df: pd.DataFrame, space: SearchSpace) -> pd.Series:
     """Status ok and every budget constraint of the space met."""
     if df.empty:
         return pd.Series([], dtype=bool)
     ok = df["status"] == "ok"
-    c = space.constraints
-    for limit, col in ((c.max_cost_per_run_usd, "cost_per_run_usd"), (c.max_time_to_train_days, "time_to_train_days"),
-                       (c.max_capex_usd, "capex_usd"), (c.max_gpus, "gpus")):
-        if limit is not None and col in df:
+    for limit, col in budget_limits(space):
+        if col in df:
             ok &= df[col] <= limit
     return ok
 
@@ -174,12 +181,10 @@ def constraint_violation(row: dict, space: SearchSpace) -> float:
     """0 when feasible, else > 0 (Optuna's convention): 1 for a broken rule, relative excess for a budget."""
     if row.get("status") != "ok":
         return 1.0
-    c = space.constraints
     worst = 0.0
-    for limit, col in ((c.max_cost_per_run_usd, "cost_per_run_usd"), (c.max_time_to_train_days, "time_to_train_days"),
-                       (c.max_capex_usd, "capex_usd"), (c.max_gpus, "gpus")):
+    for limit, col in budget_limits(space):
         value = row.get(col)
-        if limit is not None and value is not None and not math.isnan(value) and value > limit:
+        if value is not None and not math.isnan(value) and value > limit:
             worst = max(worst, value / limit - 1.0)
     return worst
 

@@ -47,16 +47,23 @@ class Metric(str, enum.Enum):
     ENERGY = "energy"
     MFU = "mfu"
     GPUS = "gpus"
+    TOKENS_PER_JOULE = "tokens_per_joule"   # perf per W: training tokens per joule of facility energy
 
     @property
     def column(self) -> str:
         """The results column holding this metric."""
         return METRIC_COLUMNS[self]
 
+    @property
+    def natural_direction(self) -> "Direction":
+        """The direction a bare `- metric` entry means: more is better for efficiencies."""
+        return Direction.MAX if self in (Metric.MFU, Metric.TOKENS_PER_JOULE) else Direction.MIN
+
 
 METRIC_COLUMNS = {Metric.STEP_TIME: "step_time_s", Metric.TIME_TO_TRAIN: "time_to_train_days",
                   Metric.COST_PER_RUN: "cost_per_run_usd", Metric.CAPEX: "capex_usd",
-                  Metric.ENERGY: "energy_MWh", Metric.MFU: "mfu", Metric.GPUS: "gpus"}
+                  Metric.ENERGY: "energy_MWh", Metric.MFU: "mfu", Metric.GPUS: "gpus",
+                  Metric.TOKENS_PER_JOULE: "tokens_per_joule"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,7 @@ class Constraints:
     max_capex_usd: float | None = None
     max_cost_per_run_usd: float | None = None
     max_time_to_train_days: float | None = None
+    max_power_kW: float | None = None     # average IT power at the candidate's utilisation (comet/cost.py)
 
 
 @dataclass(frozen=True)
@@ -301,8 +309,8 @@ def _parse_objectives(data: Any) -> tuple[Objective, ...]:
     out = []
     for i, item in enumerate(data):
         path = f"objectives[{i}]"
-        if isinstance(item, str):
-            item = {item: "min"}
+        if isinstance(item, str):   # a bare metric: its natural direction (tokens_per_joule, mfu: max)
+            item = {item: Metric(_enum(Metric)(item, path)).natural_direction.value}
         if not isinstance(item, dict) or len(item) != 1:
             raise ConfigError(f"must be one `metric: min|max` pair, got {item!r}", field=path)
         (metric, direction), = item.items()
@@ -389,7 +397,7 @@ def _parse_space(data: Any, source: str) -> SearchSpace:
     if method is not Method.GRID and budget.trials is None and budget.wall_time_s is None:
         raise ConfigError(f"method {method.value} needs budget.trials or budget.wall_time_s", field="budget")
     constraints = from_dict(Constraints, data.get("constraints") or {}, source=source, path="constraints")
-    for name in ("max_gpus", "max_capex_usd", "max_cost_per_run_usd", "max_time_to_train_days"):
+    for name in ("max_gpus", "max_capex_usd", "max_cost_per_run_usd", "max_time_to_train_days", "max_power_kW"):
         value = getattr(constraints, name)
         if value is not None and value <= 0:
             raise ConfigError(f"must be > 0, got {value}", field=f"constraints.{name}")

@@ -21,6 +21,7 @@ from comet.search.provisioning import provisioning_section
 from comet.search.context import PROVISION_KEYS
 from comet.search.front import merge_equivalent, sort_by
 from comet.search.naming import cluster_name, parallel_name
+from comet.search.results import budget_limits
 from comet.search.space import SearchSpace
 
 TOP = 10
@@ -166,16 +167,46 @@ def assumptions(r: Report) -> list[str]:
             f"{c.expansion_usd_per_GB:g} USD/GB",
             f"- cost per run = capex amortized over {c.amortization_years:g} years x time to train + energy x "
             f"{c.electricity_usd_per_kWh:g} USD/kWh; no staff, facility, storage or failed-run overheads",
-            f"- power = GPUs x {gpu_W:g} W + chassis x {p.node_overhead_W:g} W + GPUs x {p.network_W_per_gpu:g} W "
-            f"network + expansion x {p.expansion_W_per_GB:g} W/GB, at full load for the whole run; energy = power "
-            f"x time x PUE {c.pue:g}",
+            *power_model(r, gpu_W),
             "- prices are the cluster spec's (`cluster.cost` in the space overrides them); they are list-price "
             "orders of magnitude: put your own quotes there before buying", ""]
 
 
+def power_model(r: Report, gpu_W: float) -> list[str]:
+    """How power, energy, tokens per joule and a power cap are computed (comet/cost.py)."""
+    c, p = r.ctx.cluster.cost, r.ctx.cluster.power
+    if p.gpu_idle_W is None:
+        draw = f"GPUs x {gpu_W:g} W (full load for the whole run: the spec gives no idle draw)"
+    else:
+        draw = (f"GPUs x GPU draw from the step's utilisation ({gpu_W:g} W while computing, "
+                f"{p.gpu_idle_W:g} + {p.comm_activity:g} x ({gpu_W:g} - {p.gpu_idle_W:g}) W while only "
+                f"communication or offload runs, {p.gpu_idle_W:g} W idle in pipeline bubbles)")
+    lines = [f"- power (IT) = {draw} + chassis x {p.node_overhead_W:g} W + GPUs x {p.network_W_per_gpu:g} W "
+             f"network + expansion x {p.expansion_W_per_GB:g} W/GB; energy = power x time x PUE {c.pue:g}; "
+             f"tokens per joule = tokens/s / (power x PUE)"]
+    cap = r.space.constraints.max_power_kW
+    if cap is not None:
+        lines.append(f"- power cap: average IT power at the candidate's utilisation <= {cap:,.1f} kW (critical IT "
+                     f"load, as data-centre capacity is quoted; the facility draws x PUE {c.pue:g} = "
+                     f"{cap * c.pue:,.1f} kW); while every GPU computes the draw peaks above the average, up to "
+                     f"{gpu_W:g} W per GPU, which the power distribution must carry")
+    return lines
+
+
 def candidates(r: Report) -> list[str]:
-    return _counts(r.df, r.outcome.stats) + (["", "No feasible candidate: see the reasons above.", ""]
-                                             if r.ok.empty else [])
+    return _counts(r.df, r.outcome.stats) + over_budget(r) + (["", "No feasible candidate: see the reasons above.",
+                                                               ""] if r.ok.empty else [])
+
+
+def over_budget(r: Report) -> list[str]:
+    """Designs that ran but break a budget the replay decides (power at their utilisation, cost, time)."""
+    ok = r.df[r.df["status"] == "ok"] if not r.df.empty else r.df
+    lines = []
+    for limit, col in budget_limits(r.space):
+        if col in ok and (n := int((ok[col] > limit).sum())):
+            lines.append(f"- {n} ok designs exceed the constraint on {col} (max {limit:,.6g}; the lowest of all ok "
+                         f"designs is {ok[col].min():,.6g})")
+    return lines + [""] if lines else []
 
 
 def pareto_front(r: Report) -> list[str]:

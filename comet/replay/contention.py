@@ -1,0 +1,119 @@
+"""Scale-out NIC sharing between a stage's DP gradient stream and the backward tasks it overlaps.
+
+Megatron DDP (overlap_grad_reduce) reduces gradient buckets while the last backward passes still run.
+Where the DP group leaves the scale-up (NVLink) domain, and so does traffic of those backward tasks
+(a CP ring exchange or EP all-to-all spanning nodes, the pipeline send of the input gradient to the
+previous stage), both cross the same NIC: one NIC per GPU, rails (DGX H100 SuperPOD reference
+architecture), so a GPU's inter-node flows of every group share one port.
+
+Model (fluid max-min fair sharing of one port, the equilibrium of competing flows on a link,
+Bertsekas & Gallager "Data Networks" 6.5.2):
+- in isolation the backward's own inter-node traffic keeps the port busy a share u of the task
+  (u = its NIC-crossing communication seconds / the task's duration);
+- while a DP bucket is in flight, each active flow gets half the port: the backward's bursts stretch
+  to 2u of the time, the DP flow gets the whole port for 1 - 2u and half for 2u, i.e. rate 1 - u
+  (the port's capacity minus the backward's bytes); for u >= 1/2 the backward is always active and
+  DP gets 1/2. DP rate r = 1 - min(u, 1/2) until the stage's last backward ends, 1 after.
+- a DP bucket whose time is d at the full port rate needs d of port-time at rate 1: it ends where the
+  integral of the rate from its start reaches d.
+Not modelled here: the backward's own traffic slowing in return while DP is active (it exposes more
+of the backward where that traffic was not hidden), so the contended step is a lower bound.
+Traffic that stays inside the scale-up domain never touches the NIC: r = 1, the step is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from comet.config.cluster import ClusterSpec
+from comet.graph.ir import StepGraph
+from comet.hardware.network import group_span, p2p_time_s
+from comet.replay import cache
+from comet.replay.schedule import BWD, send_stride, task_blocks
+
+
+def crosses_nic(size: int, stride: int, cluster: ClusterSpec) -> bool:
+    """A group of `size` ranks `stride` apart leaves the innermost (scale-up) domain."""
+    if size <= 1 or len(cluster.network) < 2:
+        return False
+    return group_span(size, stride, cluster.network)[0] < size
+
+
+def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
+    inner = cluster.network[0].size
+    return len(cluster.network) > 1 and inner > 0 and distance >= inner
+
+
+def _block_nic_s(g, cluster: ClusterSpec, timed) -> float:
+    """Seconds one rank's NIC carries this block's communication (the busiest rank of the block)."""
+    per_rank: dict[int, float] = {}
+    for _, op in g.nodes(data="op"):
+        if not op.is_comm:
+            continue
+        if op.collective is not None:
+            # a collective leaving the domain is paced by its NIC hop (pipelined ring / tree)
+            if crosses_nic(op.group_size, op.group_stride, cluster):
+                per_rank[op.rank] = per_rank.get(op.rank, 0.0) + timed(op)
+        elif _p2p_crosses(op.group_stride, cluster) or crosses_nic(op.group_size, op.group_stride, cluster):
+            # a send to a peer in another domain, or a ring exchange (CP) whose ring spans domains: the
+            # ranks at a domain's edge send through their NIC; the busiest rank is one of them
+            nic_distance = max(op.group_stride, cluster.network[0].size)
+            per_rank[op.rank] = per_rank.get(op.rank, 0.0) + p2p_time_s(op.msg_bytes, nic_distance, cluster)
+    return max(per_rank.values(), default=0.0)
+
+
+def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "") -> np.ndarray | None:
+    """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
+    module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
+    the op's duration; `b_dur[stage, chunk]`: backward task durations."""
+    nic = cache.facts.get_or(("backward NIC seconds", cache.object_key(graph), cache.cluster_key(cluster), precision),
+                             lambda: _backward_nic_s(graph, cluster, timed))
+    if nic is None:
+        return None
+    busy = np.sum(b_dur, axis=1)
+    u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
+    rate = 1.0 - np.minimum(np.minimum(u, 1.0), 0.5)
+    return rate if (rate < 1.0).any() else None
+
+
+def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed) -> np.ndarray | None:
+    """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
+    chunk); None when no stage's does."""
+    plan = graph.plan
+    if not any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster)
+               for st in graph.stages for bs in st.grad_buckets):
+        return None
+    block_nic: dict[str, float] = {}
+    out = np.zeros(plan.pp)
+    for s, st in enumerate(graph.stages):
+        if not any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets):
+            continue
+        for c in range(plan.vpp):
+            for key in task_blocks(plan, s, c, BWD):
+                if key not in block_nic:
+                    block_nic[key] = _block_nic_s(graph.blocks[key], cluster, timed)
+                out[s] += block_nic[key]
+            stride = send_stride(plan, s, c, BWD)
+            if stride is not None and _p2p_crosses(stride, cluster):
+                out[s] += p2p_time_s(plan.p2p_bytes, stride, cluster)
+    return out
+
+
+def serial_shared(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,
+                  rate: np.ndarray) -> np.ndarray:
+    """End times of transfers run one after another on one stream (rows: stages), each no earlier than
+    its ready time, at `rate` of the port before `window_end` and the full port after."""
+    ends = np.empty_like(ready, dtype=float)
+    prev = np.broadcast_to(np.asarray(t0, dtype=float), ready.shape[:1]).copy()
+    for k in range(ready.shape[1]):
+        start = np.maximum(ready[:, k], prev)
+        shared = np.maximum(window_end - start, 0.0)          # time left in the contended window
+        done_in_window = shared * rate
+        need = dur[k] if np.ndim(dur) == 1 else dur[:, k]
+        end = np.where(need <= done_in_window, start + need / rate, start + shared + (need - done_in_window))
+        ends[:, k] = end
+        prev = end
+    return ends
+
+
+__all__ = ["crosses_nic", "dp_nic_rate", "serial_shared"]

@@ -1,0 +1,93 @@
+"""NIC contention in the replay (comet/replay/contention.py): a stage's DP gradient stream shares the
+scale-out NIC with its backward's own inter-node traffic (here a CP ring that spans nodes) while both
+are in flight; traffic that stays inside the NVLink domain leaves the step unchanged."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from comet.config.cluster import NetworkDim
+from comet.config.model import ModelSpec
+from comet.config.parallel import ParallelConfig
+from comet.evaluate import resolve
+from comet.replay import contention, step as step_mod
+from comet.replay.step import bucket_ready_offsets, replay_step
+from comet.replay.timing import timed_s
+from comet.workload.builder import build_step_graph
+
+GB = 1e9
+
+
+def test_fluid_sharing_by_hand():
+    # three 1 s buckets ready at 0, 1, 2 s; the backward ends at 3 s and leaves DP half the port:
+    # [0, 3] moves 1.5 s of port work (bucket 1 ends at 2, bucket 2 has 0.5 done at 3), the remaining
+    # 1.5 s run at the full port after 3: ends 2, 3.5, 4.5 (1, 2, 3 without contention)
+    ends = contention.serial_shared(np.array([[0.0, 1.0, 2.0]]), np.array([[1.0, 1.0, 1.0]]), np.array([0.0]),
+                                    np.array([3.0]), np.array([0.5]))
+    assert ends.tolist() == [[2.0, 3.5, 4.5]]
+    # at the full rate it is the plain serial stream
+    ends = contention.serial_shared(np.array([[0.0, 1.0, 2.0]]), np.array([[1.0, 1.0, 1.0]]), np.array([0.0]),
+                                    np.array([3.0]), np.array([1.0]))
+    assert ends.tolist() == [[1.0, 2.0, 3.0]]
+
+
+@pytest.fixture
+def two_tier(h100):
+    """4 GPUs per node at 100 GB/s, one 10 GB/s NIC per GPU; ideal links so the numbers are exact."""
+    ideal = dict(latency_us=0.0, bus_efficiency=1.0, half_efficiency_bytes=0.0)
+    return dataclasses.replace(h100, network=(NetworkDim("node", 4, 100.0, **ideal),
+                                              NetworkDim("fabric", 0, 10.0, **ideal)))
+
+
+MID = ModelSpec(name="mid", layers=8, hidden=4096, heads=32, vocab=4096, seq_len=2048)
+
+
+def _replays(cluster, monkeypatch, **par):
+    par = dict(pp=1, gpus=16, global_batch=8, zero=0, overlap_grad_reduce=True, **par)
+    graph = build_step_graph(MID, resolve(MID, cluster, ParallelConfig(**par)))
+    shared = replay_step(graph, cluster, "bf16")
+    monkeypatch.setattr(step_mod, "dp_nic_rate", lambda *a: None)   # the same step without NIC sharing
+    alone = replay_step(graph, cluster, "bf16")
+    monkeypatch.undo()
+    return graph, shared, alone
+
+
+def test_dp_and_cp_on_one_nic_slow_the_step_by_the_shared_port(two_tier, monkeypatch):
+    # tp 2 x cp 4 = 8 ranks: the CP ring spans two nodes, the DP pair (stride 8) too
+    graph, shared, alone = _replays(two_tier, monkeypatch, tp=2, cp=4)
+    assert graph.plan.pp == 1 and graph.plan.vpp == 1
+    # the backward's NIC load by hand: per layer 3 ring steps of the K/V gradient exchange, each at the
+    # 10 GB/s NIC; u = NIC seconds / backward task time; DP gets 1 - min(u, 1/2)
+    sends = [op for _, op in graph.blocks["layer.bwd"].nodes(data="op") if op.is_comm and op.group_kind.value == "cp"]
+    assert len(sends) == 3
+    nic_s = MID.layers * sum(op.msg_bytes for op in sends) / (10 * GB)
+    b_task = float(shared.task_durations[1][0, 0])
+    rate = 1.0 - min(nic_s / b_task, 0.5)
+    got = contention.dp_nic_rate(graph, two_tier, shared.task_durations[1], lambda op: timed_s(op, two_tier, "bf16"))
+    assert got[0] == pytest.approx(rate, rel=1e-12) and rate < 1.0
+    # the DP stream by hand (scalar loop): buckets fill during the last backward (it ends the stage's
+    # compute at `window`) and move at `rate` until then, at the full port after
+    window = alone.tails[0].compute_end
+    last_b_start = window - b_task
+    ready, dur = [], []
+    for bs in graph.stages[0].grad_buckets:
+        ready += list(last_b_start + bucket_ready_offsets(graph, shared.blocks, 0, bs))
+        dur += [timed_s(bs.op, two_tier, "bf16")] * bs.count
+    t_alone = t_shared = 0.0
+    for k in np.argsort(ready, kind="stable"):
+        t_alone = max(ready[k], t_alone) + dur[k]
+        start = max(ready[k], t_shared)
+        shared_s = max(window - start, 0.0)
+        t_shared = start + dur[k] / rate if dur[k] <= shared_s * rate else start + shared_s + dur[k] - shared_s * rate
+    assert shared.tails[0].compute_end == window and t_alone > window   # the DP tail is exposed in both
+    assert shared.step_time_s - alone.step_time_s == pytest.approx(t_shared - t_alone, rel=1e-9)
+    assert shared.step_time_s > alone.step_time_s * 1.005   # a visible share of the step, not rounding
+
+
+def test_traffic_inside_nvlink_leaves_the_step_unchanged(two_tier, monkeypatch):
+    # tp 1 x cp 4: the CP ring stays in one node; only DP leaves it, so nothing shares the NIC
+    graph, shared, alone = _replays(two_tier, monkeypatch, tp=1, cp=4)
+    assert contention.dp_nic_rate(graph, two_tier, shared.task_durations[1],
+                                  lambda op: timed_s(op, two_tier, "bf16")) is None
+    assert shared.step_time_s == alone.step_time_s and shared.breakdown == alone.breakdown
