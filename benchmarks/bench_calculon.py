@@ -147,25 +147,36 @@ def test_bench_comet_over_calculon():
     print(f"BENCH step_time_s comet {comet_step:.3f} calculon {calc_step:.3f}")
 
     # ---- the gpt3_1t study, serial, fresh process and results folder
-    rate, evaluated, wall = _study_rate()
+    rate, evaluated, wall, cpu = _study_rate()
     print(f"BENCH study_gpt3_1t_serial_candidates {evaluated}")
     print(f"BENCH study_gpt3_1t_serial_wall_s {wall:.2f} s")
     print(f"BENCH study_gpt3_1t_serial_candidates_per_s {rate:.0f} candidates/s/core")
+    print(f"BENCH study_gpt3_1t_serial_cpu_s {cpu:.2f} s (candidates per CPU second: {evaluated / cpu:.0f})")
+    ray_rate, _, ray_wall, _ = _study_rate("ray", workers=2)
+    print(f"BENCH study_gpt3_1t_ray2_wall_s {ray_wall:.2f} s")
+    print(f"BENCH study_gpt3_1t_ray2_over_serial {ray_rate / rate:.2f} x")
     print(f"BENCH calculon_loadavg_1min_after {os.getloadavg()[0]:.2f} processes")
     assert comet_step > 0 and calc_step > 0 and evaluated > 0
 
 
-def _study_rate(executor: str = "serial", workers: int | None = None) -> tuple[float, int, float]:
-    """(replayed candidates per wall second, candidates replayed, wall seconds) of the gpt3_1t study."""
+def _study_rate(executor: str = "serial", workers: int | None = None) -> tuple[float, int, float, float]:
+    """(replayed candidates per wall second, candidates replayed, wall seconds, CPU seconds of the
+    process and its children) of the gpt3_1t study."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "comet", "search", str(ROOT / "search_spaces" / "gpt3_1t.yaml"),
                "--executor", executor, "--out", str(Path(tmp) / "study")]
         if workers:
             cmd += ["--workers", str(workers)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
         summary = (Path(tmp) / "study" / "summary.md").read_text()
     evaluated = int(re.search(r"(\d+) candidates evaluated now", summary).group(1))
-    return evaluated / wall, evaluated, wall
+    return evaluated / wall, evaluated, wall, cpu
+
+
+def _children_cpu() -> float:
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 

@@ -204,8 +204,9 @@ def over_budget(r: Report) -> list[str]:
     lines = []
     for limit, col in budget_limits(r.space):
         if col in ok and (n := int((ok[col] > limit).sum())):
-            lines.append(f"- {n} ok designs exceed the constraint on {col} (max {limit:,.6g}; the lowest of all ok "
-                         f"designs is {ok[col].min():,.6g})")
+            nearest = ok.loc[ok[col] > limit, col].min()
+            lines.append(f"- {n} ok designs exceed the constraint on {col} (max {limit:,.6g}; the nearest of them "
+                         f"is at {nearest:,.6g}); they are kept off the Pareto set")
     return lines + [""] if lines else []
 
 
