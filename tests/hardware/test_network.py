@@ -39,7 +39,8 @@ def test_collective_cost_is_non_negative_and_non_decreasing_in_bytes(h100, algo,
     lo, hi = sorted((a, b))
     t_lo = collective_time_s(kind, lo, size, stride, c)
     t_hi = collective_time_s(kind, hi, size, stride, c)
-    assert 0.0 <= t_lo <= t_hi
+    # rounding only: sums of per-level terms may differ in the last bit between two sizes 1 ulp apart
+    assert 0.0 <= t_lo <= t_hi * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
