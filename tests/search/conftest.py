@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+import search_fakes as fakes
 from search_fakes import ROOT, TINY
+
+
+@pytest.fixture(autouse=True)
+def _reset_interrupt():
+    """The fake evaluator's interrupt counter starts and ends every search test unset."""
+    fakes.INTERRUPT_AFTER.update(n=None, count=0)
+    yield
+    fakes.INTERRUPT_AFTER.update(n=None, count=0)
 
 
 @pytest.fixture

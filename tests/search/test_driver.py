@@ -20,13 +20,6 @@ from search_fakes import ROOT
 TINY_SOURCE = str(ROOT / "search_spaces" / "tiny.yaml")
 
 
-@pytest.fixture(autouse=True)
-def _reset_interrupt():
-    fakes.INTERRUPT_AFTER.update(n=None, count=0)
-    yield
-    fakes.INTERRUPT_AFTER.update(n=None, count=0)
-
-
 def _opts(out, **kw) -> RunOptions:
     return RunOptions(out=out, executor="serial", evaluate_fn=fakes.fake_evaluate, precheck_fn=fakes.fake_precheck,
                       chunk_size=4, **kw)
