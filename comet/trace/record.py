@@ -66,24 +66,6 @@ def _build(args, rank: int):
                 dist.all_reduce(x, group=tp_group)
         return x
 
-    class ColumnLinear(torch.autograd.Function):
-        """y = x W^T with W split by output columns; backward: dgrad, wgrad, then the dgrad all-reduce."""
-        @staticmethod
-        def forward(ctx, x, w, role):
-            ctx.save_for_backward(x, w)
-            ctx.role = role
-            return x @ w.t()
-
-        @staticmethod
-        def backward(ctx, g):
-            x, w = ctx.saved_tensors
-            with scope(f"{ctx.role}.dgrad"):
-                dx = g @ w
-            with scope(f"{ctx.role}.wgrad"):
-                dw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-            all_reduce(dx, f"{ctx.role}.dgrad.all_reduce")
-            return dx, dw, None
-
     class RowLinear(torch.autograd.Function):
         """y = all_reduce(x W^T) with W split by input rows; backward: dgrad, wgrad (no collective)."""
         @staticmethod
@@ -99,6 +81,14 @@ def _build(args, rank: int):
                 dx = g @ w
             with scope(f"{ctx.role}.wgrad"):
                 dw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+            return dx, dw, None
+
+    class ColumnLinear(RowLinear):
+        """y = x W^T with W split by output columns; backward: dgrad, wgrad, then the dgrad all-reduce."""
+        @staticmethod
+        def backward(ctx, g):
+            dx, dw, _ = RowLinear.backward(ctx, g)
+            all_reduce(dx, f"{ctx.role}.dgrad.all_reduce")
             return dx, dw, None
 
     class ReduceFromTP(torch.autograd.Function):
