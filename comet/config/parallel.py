@@ -85,6 +85,10 @@ class ParallelConfig:
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
     fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
+    # How the per-layer ZeRO-3 gathers / reduce-scatters cross nodes: hierarchical (NCCL rings over all
+    # NICs of a node, the default) or flat (one ring over the whole DP group at one NIC per GPU, as
+    # DeepSpeed-2021 ZeRO-3; ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3"; comet.hardware.network).
+    dp_collective: str = "hierarchical"
     # Uneven pipelines (comet.config.stages): transformer layers on the first / last stage, or the
     # embedding / loss counted as one layer each (Megatron-Core account_for_*_in_pipeline_split).
     pp_first_stage_layers: int | None = None
@@ -176,6 +180,8 @@ class ParallelConfig:
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
         rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
+        rule(self.dp_collective in ("hierarchical", "flat"), "dp_collective",
+             f"must be hierarchical or flat, got {self.dp_collective!r}")
         rule(not self.fp8_params or self.precision is Precision.FP8, "fp8_params",
              f"FP8 weights need precision fp8, got {self.precision.value}")
         # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per
@@ -215,5 +221,7 @@ class ParallelConfig:
             parts.append(f"ppf{self.pp_first_stage_layers or 'x'}l{self.pp_last_stage_layers or 'x'}")
         if self.pp_embedding_as_layer or self.pp_loss_as_layer:
             parts.append("pp" + ("e" if self.pp_embedding_as_layer else "") + ("l" if self.pp_loss_as_layer else ""))
+        if self.dp_collective != "hierarchical":
+            parts.append(f"{self.dp_collective}-dp")
         parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
         return "-".join(parts)

@@ -109,6 +109,7 @@ class Op:
     group_kind: GroupKind | None = None
     group_size: int = 1
     group_stride: int = 1               # distance between consecutive member global ranks
+    flat_ring: bool = False             # one ring over the whole group at one NIC per GPU (network.py)
     peer: int | None = None             # p2p partner rank
     comm_id: str | None = None          # cross-rank match key, equal on every member
     layer: int = -1

@@ -110,13 +110,15 @@ def _topology_share(v: _DimView, kind: str) -> float:
     return 1.0
 
 
-def _views(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[_DimView]:
+def _views(size: int, stride: int, network: tuple[NetworkDim, ...], flat: bool = False) -> list[_DimView]:
+    """The spanned dimensions; `flat`: the group's traffic leaves each domain through one port, not
+    through all of its members' ports together (inner = 1 at every level)."""
     span = group_span(size, stride, network)
     views, inner, step, below = [], 1, stride, 1
     for n_members, dim_obj in zip(span, network):
         ports = dim_obj.size // below if dim_obj.size else 0
         if n_members > 1:
-            views.append(_DimView(dim_obj, n_members, inner, max(1, step // below), ports))
+            views.append(_DimView(dim_obj, n_members, 1 if flat else inner, max(1, step // below), ports))
             inner *= n_members
             step *= n_members
         below = dim_obj.size or below
@@ -204,12 +206,20 @@ def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
 
 
 def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
-                    cluster: ClusterSpec) -> dict[str, float]:
+                    cluster: ClusterSpec, flat: bool = False) -> dict[str, float]:
     """Time of every algorithm NCCL could run for this collective on this placement (seconds), each at
-    its fastest protocol."""
-    views = _views(size, stride, cluster.levels)
+    its fastest protocol. `flat`: a single ring over the whole group whose cross-domain hops get one
+    port per GPU, not the domain's ports together. DeepSpeed-2021 ZeRO-3 issues its per-module
+    all-gathers / reduce-scatters over the whole DP group this way: Narayanan et al. SC21 Table 2 steps
+    stay flat as GPUs double, communication-bound at about one HDR NIC per GPU (~21-25 GB/s; see
+    ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"); a hierarchical ring using all 8 NICs
+    of a node would be 8x faster. Time = (n-1)/n * buffer / min(port rate) for all-gather and
+    reduce-scatter, 2x for all-reduce (Thakur, Rabenseifner & Gropp 2005)."""
+    views = _views(size, stride, cluster.levels, flat)
     if not views:
         return {"none": 0.0}
+    if flat and kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
+        return {"flat_ring": _ring(kind, msg_bytes, views).time()}
     if kind is Collective.BARRIER:
         return {"barrier": sum(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s for v in views)}
     if kind is Collective.ALL_TO_ALL:
@@ -259,20 +269,21 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
 
 
 def chosen_algorithm(kind: Collective, msg_bytes: float, size: int, stride: int,
-                     cluster: ClusterSpec) -> tuple[str, float]:
+                     cluster: ClusterSpec, flat: bool = False) -> tuple[str, float]:
     """NCCL's choice: the fastest allowed algorithm by the model (tuning.cc picks by its model)."""
-    times = algorithm_times(kind, msg_bytes, size, stride, cluster)
+    times = algorithm_times(kind, msg_bytes, size, stride, cluster, flat)
     name = min(times, key=times.get)
     return name, times[name]
 
 
-def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
+def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec,
+                      flat: bool = False) -> float:
     """Time of one collective; msg_bytes is the full buffer per rank (the gathered size for all-gather,
     the input size for reduce-scatter and all-reduce, the send buffer for all-to-all), as nccl-tests
-    reports `size`."""
+    reports `size`. `flat`: one ring over the whole group at one port per GPU (algorithm_times)."""
     if size <= 1 or msg_bytes <= 0:
         return 0.0
-    return chosen_algorithm(kind, msg_bytes, size, stride, cluster)[1]
+    return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:

@@ -13,7 +13,7 @@ def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
         return compute_op_time_s(op, cluster, precision)
     if op.kind is OpKind.COLLECTIVE:
         return collective_time_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
-                                 op.group_stride, cluster)
+                                 op.group_stride, cluster, flat=op.flat_ring)
     if op.kind in (OpKind.SEND, OpKind.RECV):
         return p2p_time_s(op.msg_bytes, op.group_stride, cluster)
     if op.kind is OpKind.MEMCPY:

@@ -31,7 +31,7 @@ from comet.replay.timing import op_time_s
 
 # Fields that decide an op's cost; an op whose fields all match its counterpart is "not touched".
 _PHYSICS = ("kind", "stream", "kernel", "flops", "bytes", "shape", "dtype_bytes", "collective", "msg_bytes",
-            "group_size", "group_stride", "group_kind", "phase")
+            "group_size", "group_stride", "flat_ring", "group_kind", "phase")
 _INDEX = re.compile(r"\[[^\]]*\]$")
 
 

@@ -26,7 +26,9 @@ Sources of the defaults:
   `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
 - torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
 - DeepSpeed ZeRO-3 as used in SC21 Table 2 (Megatron-DeepSpeed): fp16, unfused attention, activation
-  checkpointing of every layer (`--checkpoint-activations`, as in Megatron-DeepSpeed's GPT scripts).
+  checkpointing of every layer (`--checkpoint-activations`, as in Megatron-DeepSpeed's GPT scripts);
+  ZeRO-3 gathers / reduce-scatters as one flat ring over the DP group at about one NIC per GPU
+  (../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"; ParallelConfig.dp_collective).
 - Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP.
 - Generic (framework empty or unknown): comet's ParallelConfig defaults.
 FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
@@ -58,6 +60,7 @@ class FrameworkDefaults:
     fp8_recipe: str = "delayed"
     fp8_impl: str = "te"                     # Transformer Engine; torchtitan uses torchao Float8Linear
     selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
+    dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
@@ -89,7 +92,9 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
                                  selective_policy="save_qkv"),
     "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
                                    sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
-                                   flops_formula="narayanan_eq3"),
+                                   flops_formula="narayanan_eq3", dp_collective="flat",
+                                   notes={"dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
+                                          "group as one ring at ~1 NIC per GPU (physics-notes.md)"}),
     "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
 }
 GENERIC = FrameworkDefaults("generic")

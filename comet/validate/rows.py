@@ -238,6 +238,9 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
         zero = c.default("zero", 3 if fsdp else d.zero, "fsdp implies 3" if fsdp else "")
     if zero > 3:
         raise RowError("zero", c.text("zero"), "must be 0, 1, 2 or 3")
+    dp_collective = "hierarchical"
+    if zero >= 3 and d.dp_collective != "hierarchical":
+        dp_collective = c.default("dp_collective", d.dp_collective)
     first, last = c.integer("pp_first_stage_layers"), c.integer("pp_last_stage_layers")
     emb_loss = False
     if first is None and last is None and model.layers % (pp * vpp) and (model.layers + 2) % (pp * vpp) == 0:
@@ -261,6 +264,7 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
+            dp_collective=dp_collective,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)

@@ -92,11 +92,12 @@ class BlockBuilder:
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
                             phase=self.phase), after)
 
-    def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=()) -> int:
+    def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
+                   flat_ring: bool = False) -> int:
         size, stride, stream = group_geometry(group, self.par)
         return self._add(Op(name, OpKind.COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
                             group=group.value, group_kind=group, group_size=size, group_stride=stride,
-                            phase=self.phase), after)
+                            flat_ring=flat_ring, phase=self.phase), after)
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
         size, stride, stream = group_geometry(group, self.par)
@@ -260,11 +261,12 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
     weights = _layer_weight_bytes(model, par)
     first: list = []
     if par.zero >= 3 and par.dp * par.cp > 1:
-        ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [])
+        flat = par.dp_collective == "flat"    # DeepSpeed-2021: one ring at one NIC per GPU (network.py)
+        ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [], flat)
         if not backward and not par.overlap_param_gather:
             first = [ag]
         if backward:   # gradients reduced in bf16 (FSDP MixedPrecision reduce_dtype)
-            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, weights, GroupKind.DP, [])
+            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, weights, GroupKind.DP, [], flat)
     if OffloadTarget.WEIGHTS in par.offload:
         bb.offload("offload.weights_in", weights, [])
     if OffloadTarget.ACTIVATIONS in par.offload:

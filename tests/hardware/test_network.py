@@ -157,3 +157,19 @@ def test_spine_oversubscription_of_a_tiered_fabric_spares_groups_inside_a_scalab
     t = collective_time_s(Collective.ALL_REDUCE, GB, 8, 4, spine4)
     assert t == pytest.approx(SIMPLE_BASE + 2 * 7 / 8 * GB / (4 * 10e9 / 4))
     assert collective_time_s(Collective.ALL_REDUCE, GB, 8, 4, flat) == pytest.approx(SIMPLE_BASE + 2 * 7 / 8 * GB / 10e9)
+
+
+def test_flat_ring_runs_the_whole_group_at_one_nic_per_gpu(h100):
+    c = tiny(h100)
+    # DP of 8 on two 4-GPU nodes (stride 1). Hierarchical: the node crossing uses the node's 4 NICs
+    # together, 4 x 10 GB/s = 40 GB/s (NVLink 100 GB/s is faster). Flat (DeepSpeed-2021 ZeRO-3,
+    # physics-notes.md): one ring whose node crossings get one 10 GB/s NIC: 7/8 * 1 GB / 10 GB/s.
+    hier = collective_time_s(Collective.ALL_GATHER, GB, 8, 1, c)
+    flat = collective_time_s(Collective.ALL_GATHER, GB, 8, 1, c, flat=True)
+    assert hier == pytest.approx(SIMPLE_BASE + 7 / 8 * GB / 40e9)
+    assert flat == pytest.approx(SIMPLE_BASE + 7 / 8 * GB / 10e9)
+    assert collective_time_s(Collective.REDUCE_SCATTER, GB, 8, 1, c, flat=True) == pytest.approx(flat)
+    # a group inside one node has no NIC to share: flat changes nothing
+    assert collective_time_s(Collective.ALL_GATHER, GB, 4, 1, c, flat=True) == pytest.approx(
+        collective_time_s(Collective.ALL_GATHER, GB, 4, 1, c))
+    assert chosen_algorithm(Collective.ALL_GATHER, GB, 8, 1, c, flat=True)[0] == "flat_ring"

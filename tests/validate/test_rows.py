@@ -131,3 +131,14 @@ def test_held_out_is_every_third_modelled_row_per_source(tmp_path):
     again = load_cases(write_csv(tmp_path / "h2.csv", rows))
     mark_held_out(again)
     assert [c.held_out for c in again] == [c.held_out for c in cases]
+
+
+def test_deepspeed_zero3_rows_issue_flat_dp_collectives_and_say_so():
+    ds = dict(framework="deepspeed", framework_version="", tp="1", pp="1", num_gpus="16", global_batch="16",
+              micro_batch="1", sequence_parallel="", recompute="", zero="3")
+    case = derive_case(row(**ds), 0)
+    assert case.parallel.dp_collective == "flat"
+    assert any(a.startswith("dp_collective=flat") and "deepspeed default" in a for a in case.assumptions)
+    z1 = derive_case(row(**dict(ds, zero="1")), 0)          # no per-layer gathers: nothing to flatten
+    assert z1.parallel.dp_collective == "hierarchical"
+    assert derive_case(row(), 0).parallel.dp_collective == "hierarchical"

@@ -83,3 +83,13 @@ def test_attention_work_scales_with_micro_batch_once(gpt3_175b, flash):
         g = build_step_graph(gpt3_175b, par.resolve(gpt3_175b)).blocks["layer.fwd"]
         return sum(op.flops + op.bytes for _, op in ops(g) if "attention" in op.name)
     assert attention_work(2) == pytest.approx(2 * attention_work(1))
+
+
+@pytest.mark.parametrize("mode", ["hierarchical", "flat"])
+def test_zero3_layer_collectives_carry_the_dp_collective_mode(gpt3_175b, mode):
+    par = ParallelConfig(tp=1, pp=1, gpus=64, global_batch=64, zero=3, dp_collective=mode).resolve(gpt3_175b)
+    g = build_step_graph(gpt3_175b, par)
+    dp_ops = [op for blk in ("layer.fwd", "layer.bwd") for _, op in ops(g.blocks[blk])
+              if op.is_comm and op.group_kind is GroupKind.DP]
+    assert {op.name for op in dp_ops} == {"zero3.all_gather_params", "zero3.reduce_scatter_grads"}
+    assert all(op.flat_ring is (mode == "flat") for op in dp_ops)
