@@ -28,7 +28,7 @@ A factor outside [0.1, 10] means the trace is not of this model and configuratio
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -36,9 +36,10 @@ from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Precision
 from comet.errors import ConfigError, TraceError
-from comet.graph.ir import BucketSet, KernelClass, Op, OpKind, StageSync, StepGraph
+from comet.graph.ir import KernelClass, Op, OpKind, StepGraph
 from comet.replay.schedule import BWD, FWD, block_occurrences, send_stride
 from comet.replay.timing import op_time_s, timed_s
+from comet.transform.materialize import map_ops
 
 CLASSES = ("gemm", "attention", "communication", "memory")
 FACTOR_RANGE = (0.1, 10.0)
@@ -162,24 +163,7 @@ def _scaled(op: Op, factors: dict[str, float]) -> Op:
 
 def scale_classes(base: StepGraph, factors: dict[str, float]) -> StepGraph:
     """A copy of a materialized base with every op's duration times its class's factor."""
-    blocks = {}
-    for key, g in base.blocks.items():
-        out = g.copy()
-        for nid, op in g.nodes(data="op"):
-            out.nodes[nid]["op"] = _scaled(op, factors)
-        blocks[key] = out
-
-    def buckets(bs: tuple[BucketSet, ...]) -> tuple[BucketSet, ...]:
-        return tuple(replace(b, op=_scaled(b.op, factors)) for b in bs)
-
-    memo: dict[int, StageSync] = {}
-    for st in base.stages:          # middle stages share one object (materialize.py); keep them shared
-        if id(st) not in memo:
-            memo[id(st)] = replace(
-                st, grad_buckets=buckets(st.grad_buckets), param_gathers=buckets(st.param_gathers),
-                embedding_sync=None if st.embedding_sync is None else _scaled(st.embedding_sync, factors),
-                optimizer=tuple(_scaled(op, factors) for op in st.optimizer))
-    return base.with_(blocks=blocks, stages=tuple(memo[id(st)] for st in base.stages))
+    return map_ops(base, lambda _block, op: _scaled(op, factors))
 
 
 # ------------------------------------------------------------------------------------ entry point

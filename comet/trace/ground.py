@@ -34,7 +34,7 @@ from comet.errors import TraceError
 from comet.graph.ir import COMPUTE_STREAM, KernelClass, Op, OpKind, Phase, StepGraph
 from comet.replay.timing import op_time_s
 from comet.trace.recognize import Recognition
-from comet.transform.materialize import materialize
+from comet.transform.materialize import map_ops, materialize
 from comet.workload.builder import build_step_graph
 
 _PRECISION = {"fp16": Precision.FP16, "bf16": Precision.BF16, "fp8": Precision.FP8,
@@ -127,15 +127,8 @@ def ground(rec: Recognition, cluster: ClusterSpec, *, scale: float = 1.0, model:
         report.ops.append((block, op.name, "modelled", d))
         return op.with_(duration_s=d)
 
-    blocks = {}
-    for key, g in built.blocks.items():
-        out = g.copy()
-        for nid, op in g.nodes(data="op"):
-            out.nodes[nid]["op"] = timed(key, op)
-        blocks[key] = out
-    stages = tuple(replace(st, grad_buckets=tuple(replace(b, op=timed("stage", b.op)) for b in st.grad_buckets),
-                           optimizer=tuple(timed("stage", op) for op in st.optimizer))
-                   for st in built.stages)
+    grounded = map_ops(built, timed)
+    blocks = grounded.blocks
     host = rec.unattributed_ms if rec.streams.get("cpu threads") else {}
     for key, what, per in (("layer.fwd", "layer forward", rec.layers), ("layer.bwd", "backward", rec.layers),
                            ("head.bwd", "other", 1)):
@@ -144,7 +137,7 @@ def ground(rec: Recognition, cluster: ClusterSpec, *, scale: float = 1.0, model:
             _append_host(blocks[key], f"host.{what.replace(' ', '_')}", s, key)
             report.ops.append((key, f"host.{what.replace(' ', '_')}", "host", s))
     meta = dict(built.meta, source="trace", trace=rec.source, grounding=report)
-    return built.with_(blocks=blocks, stages=stages, meta=meta), report
+    return grounded.with_(meta=meta), report
 
 
 def _append_host(g: nx.DiGraph, name: str, seconds: float, block: str) -> None:

@@ -5,6 +5,7 @@ they carry measured ones). Ops that already have a duration (measured) keep it."
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import networkx as nx
 
@@ -29,12 +30,30 @@ def materialize_ops(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> nx.D
     return out
 
 
-def _stage(st: StageSync, cluster: ClusterSpec, precision: str) -> StageSync:
-    def buckets(bs: tuple[BucketSet, ...]) -> tuple:
-        return tuple(replace(b, op=_timed(b.op, cluster, precision)) for b in bs)
-    return replace(st, grad_buckets=buckets(st.grad_buckets), param_gathers=buckets(st.param_gathers),
-                   embedding_sync=None if st.embedding_sync is None else _timed(st.embedding_sync, cluster, precision),
-                   optimizer=tuple(_timed(op, cluster, precision) for op in st.optimizer))
+def map_ops(graph: StepGraph, fn: Callable[[str, Op], Op]) -> StepGraph:
+    """A copy of `graph` with fn(block_key, op) applied to every op of every block and fn("stage", op) to every
+    stage-sync op (gradient buckets, parameter gathers, embedding sync, optimizer). Middle stages share one
+    StageSync object; the copy keeps them shared (and calls fn once per shared object)."""
+    blocks = {}
+    for key, g in graph.blocks.items():
+        out = g.copy()
+        for nid, op in g.nodes(data="op"):
+            out.nodes[nid]["op"] = fn(key, op)
+        blocks[key] = out
+
+    def stage_op(op: Op) -> Op:
+        return fn("stage", op)
+
+    def buckets(bs: tuple[BucketSet, ...]) -> tuple[BucketSet, ...]:
+        return tuple(replace(b, op=stage_op(b.op)) for b in bs)
+
+    memo: dict[int, StageSync] = {}
+    for st in graph.stages:   # perf: middle stages share one object; keep them shared
+        if id(st) not in memo:
+            memo[id(st)] = replace(st, grad_buckets=buckets(st.grad_buckets), param_gathers=buckets(st.param_gathers),
+                                   embedding_sync=None if st.embedding_sync is None else stage_op(st.embedding_sync),
+                                   optimizer=tuple(stage_op(op) for op in st.optimizer))
+    return graph.with_(blocks=blocks, stages=tuple(memo[id(st)] for st in graph.stages))
 
 
 def _precision_of(graph, precision) -> str:
@@ -58,10 +77,5 @@ def materialize(graph: StepGraph | nx.DiGraph, cluster: ClusterSpec, precision: 
     if not isinstance(graph, StepGraph):
         raise GraphError(f"materialize: expected a StepGraph or an op graph, got {type(graph).__name__}")
     prec = _precision_of(graph, precision)
-    blocks = {k: materialize_ops(g, cluster, prec) for k, g in graph.blocks.items()}
-    memo: dict[int, StageSync] = {}
-    for st in graph.stages:   # perf: middle stages share one object; keep them shared
-        if id(st) not in memo:
-            memo[id(st)] = _stage(st, cluster, prec)
-    stages = tuple(memo[id(st)] for st in graph.stages)
-    return graph.with_(blocks=blocks, stages=stages, meta=dict(graph.meta, cluster=cluster, precision=prec))
+    out = map_ops(graph, lambda _block, op: _timed(op, cluster, prec))
+    return out.with_(meta=dict(graph.meta, cluster=cluster, precision=prec))
