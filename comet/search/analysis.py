@@ -35,18 +35,6 @@ def best_per_cluster(df: pd.DataFrame) -> pd.DataFrame:
     return ok.loc[idx.values].sort_values(TIME)
 
 
-def spread_by_gpus(df: pd.DataFrame) -> dict[int, float]:
-    """At each GPU count: best time-to-train of the worst cluster configuration / of the best."""
-    best = best_per_cluster(df)
-    if best.empty or "gpus" not in best:
-        return {}
-    out = {}
-    for gpus, g in best.groupby("gpus"):
-        if len(g) > 1:
-            out[int(gpus)] = g[TIME].max() / g[TIME].min()
-    return out
-
-
 def spread(df: pd.DataFrame) -> dict | None:
     """Best time-to-train of the best and of the worst cluster configuration, and their ratio."""
     best = best_per_cluster(df)

@@ -346,18 +346,6 @@ def _case_study(df: pd.DataFrame, ctx) -> list[str]:
         lines[-1] += (f" Across all {len(ok)} feasible designs (any parallel configuration), time-to-train spans "
                       f"{ok[analysis.TIME].min():.1f} to {ok[analysis.TIME].max():.1f} days "
                       f"({ok[analysis.TIME].max() / ok[analysis.TIME].min():.1f}x).")
-        by_gpus = analysis.spread_by_gpus(df)
-        if by_gpus:
-            lines[-1] += (" At a fixed GPU count, provisioning alone (memory, scale-up, scale-out) spans "
-                          + ", ".join(f"{r:.2f}x at {g} GPUs" for g, r in by_gpus.items()) + ".")
-        lines.append("")
-    gain = analysis.expansion_gain(df)
-    if gain:
-        lines.append(f"**Memory expansion.** With the other axes equal, adding expansion memory shortens the best "
-                     f"time-to-train by up to **{gain['max']:.2f}x** (median {gain['median']:.2f}x over "
-                     f"{gain['groups']} cluster configurations; COMET: up to 1.4x)"
-                     + (f"; {gain['only_feasible_above_low']} configurations have a feasible design only with "
-                        "expansion." if gain["only_feasible_above_low"] else "."))
         lines.append("")
     effects = [e for e in (analysis.axis_effect(df, a) for a in ("gpus",) + PROVISION_KEYS) if e]
     if effects:
