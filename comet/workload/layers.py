@@ -90,6 +90,7 @@ class BlockBuilder:
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
+                            variant="" if self.par.attention_kernel == "fused" else self.par.attention_kernel,
                             phase=self.phase), after)
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
