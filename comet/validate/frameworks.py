@@ -63,25 +63,35 @@ class FrameworkDefaults:
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
+    # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
+    # comet/validate/layout.py):
+    bf16_optimizer_state: bool = False       # Adam state in BF16 (NeMo `optim.dtype: bf16`)
+    bf16_grad_reduce: bool = False           # gradients kept and reduced in BF16 (Megatron-Core --grad-reduce-in-bf16)
+    uneven_pipeline: bool = False            # stages of unequal layer counts (Megatron-Core first/last-stage
+                                             # layers; earlier stacks need pp to divide the layers)
     notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
 
 
 _MEGATRON_CORE = FrameworkDefaults(
-    "megatron-lm", zero=0, sequence_parallel=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
+    "megatron-lm", zero=0, uneven_pipeline=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
+    overlap_param_gather=False,
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
 _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
-                         overlap_p2p_comm=False,
+                         overlap_p2p_comm=False, uneven_pipeline=False, bf16_grad_reduce=False,
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
-_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16",
+_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
+                          uneven_pipeline=True,
                           notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
                                  "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})
 
 FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "megatron-lm": _MEGATRON_CORE,
     "nemo": _NEMO,
-    "megatron-bridge": replace(_NEMO, key="megatron-bridge"),
+    # Megatron-Bridge runs Megatron-Core's optimizer, whose precision-aware variant keeps FP32 master
+    # weights (a different byte count): no BF16-state step for it
+    "megatron-bridge": replace(_NEMO, key="megatron-bridge", bf16_optimizer_state=False),
     "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
                                     selective_policy="op_sac", fp8_impl="torchao",
                                     flops_formula="palm_6n"),
