@@ -67,6 +67,7 @@ class FrameworkDefaults:
     # comet/validate/layout.py):
     bf16_optimizer_state: bool = False       # Adam state in BF16 (NeMo `optim.dtype: bf16`)
     bf16_grad_reduce: bool = False           # gradients kept and reduced in BF16 (Megatron-Core --grad-reduce-in-bf16)
+    selective_recompute: bool = True         # has selective recompute (Megatron-LM since Korthikanti et al. 2022)
     uneven_pipeline: bool = False            # stages of unequal layer counts (Megatron-Core first/last-stage
                                              # layers; earlier stacks need pp to divide the layers)
     notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
@@ -85,6 +86,8 @@ _NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16
                           uneven_pipeline=True,
                           notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
                                  "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})
+
+_MEGATRON_2021_NO_SELECTIVE = replace(_MEGATRON_2021, key="megatron-lm (2021)", selective_recompute=False)
 
 FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "megatron-lm": _MEGATRON_CORE,
@@ -117,8 +120,11 @@ def _year(version: str) -> int | None:
 
 def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
     """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
-    that generation (fp16, unfused attention)."""
+    that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
+    with Korthikanti et al. (arXiv:2205.05198, May 2022)."""
     if framework == "megatron-lm":
         year = _year(version)
+        if year is not None and year <= 2021:
+            return _MEGATRON_2021_NO_SELECTIVE
         return _MEGATRON_2021 if year is not None and year <= 2022 else _MEGATRON_CORE
     return FRAMEWORKS.get(framework, GENERIC)

@@ -14,7 +14,7 @@ in order of what they cost the step time (a tuned run takes the free ones first)
   4. fp8_params false -> true (FP8 rows on Transformer Engine: `fp8_model_init`, Megatron
      `--fp8-param-gather`): the GEMM weights exist only in FP8, the BF16 copy goes.
   5. recompute none -> selective: the attention core is re-run in the backward (Korthikanti et al.,
-     MLSys 2023, sec. 5: a few percent more FLOPs).
+     MLSys 2023, sec. 5: a few percent more FLOPs); Megatron-LM of 2021 had only full recompute.
   6. optimizer_dtype fp32 -> bf16 (frameworks that can express it: NeMo `optim.dtype: bf16`; the schema
      has no column for it, so it is never stated): halves the Adam state.
   7. recompute -> full: every layer's forward re-run before its backward (about a third more compute).
@@ -66,7 +66,7 @@ LADDER = (
     Step("fp8_params", "fp8_params", True,
          lambda p, d: p.precision is Precision.FP8 and p.fp8_impl == "te" and not p.fp8_params),
     Step("recompute", "recompute", Recompute.SELECTIVE,
-         lambda p, d: _ORDER.index(p.recompute) < _ORDER.index(Recompute.SELECTIVE)),
+         lambda p, d: d.selective_recompute and _ORDER.index(p.recompute) < _ORDER.index(Recompute.SELECTIVE)),
     Step("", "optimizer_dtype", "bf16", lambda p, d: d.bf16_optimizer_state and p.optimizer_dtype == "fp32"),
     Step("recompute", "recompute", Recompute.FULL, lambda p, d: p.recompute is not Recompute.FULL),
 )
@@ -104,3 +104,8 @@ def fit_unstated_knobs(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         replaced.append(step.column or step.knob)
         trial, mem = nxt, after
     return trial, taken, replaced
+
+
+def with_steps(assumptions: list[str], taken: list[str], replaced: list[str]) -> list[str]:
+    """The row's assumptions with the default notes of the knobs the ladder changed replaced by its steps."""
+    return [a for a in assumptions if not a.startswith(tuple(f"{col}=" for col in replaced))] + taken

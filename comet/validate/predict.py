@@ -12,7 +12,8 @@ from comet.errors import CometError
 from comet.replay.blocks import time_block
 from comet.result import Result
 from comet.validate.accounting import flops_per_step
-from comet.validate.memory_knobs import fit_unstated_knobs
+from comet.validate.layout import choose_layout
+from comet.validate.memory_knobs import fit_unstated_knobs, with_steps
 from comet.validate.rows import MEMORY_METRICS, Case
 from comet.workload.builder import build_step_graph
 
@@ -122,8 +123,7 @@ def fit_memory_knobs(case: Case, cluster: ClusterSpec) -> None:
     par, taken, replaced = fit_unstated_knobs(case.model, cluster, case.parallel, case.row, case.defaults)
     if taken:
         case.parallel = par
-        case.assumptions[:] = [a for a in case.assumptions if not a.startswith(tuple(f"{c}=" for c in replaced))]
-        case.assumptions.extend(taken)
+        case.assumptions[:] = with_steps(case.assumptions, taken, replaced)
 
 
 def predict(case: Case, clusters: ClusterCache) -> Prediction:
@@ -134,8 +134,13 @@ def predict(case: Case, clusters: ClusterCache) -> Prediction:
         if case.metric == "layer_fwd_bwd_time_ms":
             ms, parts, label = layer_time_ms(case, cluster)
             return Prediction(case, "ok", ms, label=label, breakdown=parts)
-        fit_memory_knobs(case, cluster)
-        res = evaluate(case.model, cluster, case.parallel)
+        if case.open_layout is not None:
+            res = choose_layout(case, cluster)
+            if res is None:
+                return Prediction(case, "infeasible", reason=case.assumptions[-1], label=case.parallel.label())
+        else:
+            fit_memory_knobs(case, cluster)
+            res = evaluate(case.model, cluster, case.parallel)
     except CometError as exc:
         return Prediction(case, "infeasible", reason=str(exc))
     mem = res.memory_gb_per_gpu if res.memory_gb_per_gpu == res.memory_gb_per_gpu else None

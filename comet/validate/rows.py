@@ -82,6 +82,9 @@ class Case:
     skip_reason: str = ""
     bad_column: str = ""                 # the cell that made the row unreadable
     assumptions: list[str] = field(default_factory=list)
+    # (tp, pp) as stated, None where the source leaves it open: the layout is chosen at prediction time
+    # (comet/validate/layout.py); None once chosen or where both are stated
+    open_layout: tuple[int | None, int | None] | None = None
 
     @property
     def source(self) -> str:
@@ -204,12 +207,15 @@ def build_model(c: Cells) -> ModelSpec:
 
 
 # ------------------------------------------------------------------------------------------- layout
-def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
+def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bool = False) -> ParallelConfig:
+    """The row's configuration on tp x pp. `provisional`: a stand-in layout for a row that states no
+    split (every other cell is read and checked; dp is left to the layout search)."""
     d = c.d
-    tp, pp = c.integer("tp"), c.integer("pp")
-    if tp is None or pp is None:
-        raise _Skip("tp/pp not stated by the source for this point")
     gpus, dp = c.integer("num_gpus"), c.integer("dp")
+    if provisional:
+        if gpus is None:
+            raise _Skip("tp/pp not stated and num_gpus not given: no layout to search")
+        dp = None
     cp = c.int_or("cp", 1)
     gb = c.integer("global_batch")
     if gb is None:
@@ -273,6 +279,12 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
     return apply_expert_parallel(c.row, par, c.assumptions)
 
 
+def layout_config(case: Case, tp: int, pp: int) -> tuple[ParallelConfig, list[str]]:
+    """The configuration of an open-layout row on tp x pp, with the assumptions its cells add."""
+    notes: list[str] = []
+    return build_parallel(Cells(case.row, case.defaults, notes), case.model, tp, pp), notes
+
+
 def _metric_inputs(c: Cells, case: Case) -> None:
     if case.metric in ("tflops_per_gpu", "mfu"):
         case.flops_formula = c.enum("flops_formula") or c.default("flops_formula", c.d.flops_formula)
@@ -306,7 +318,12 @@ def derive_case(row: dict, index: int) -> Case:
             raise _Skip("gpu_model not given (closed set: " + ", ".join(ENUMS["gpu_model"]) + ")")
         case.cluster_file, case.hbm_GB, case.hbm_GBps = CLUSTER_FOR_GPU[gpu]
         case.model = build_model(c)
-        case.parallel = build_parallel(c, case.model)
+        tp, pp = c.integer("tp"), c.integer("pp")
+        if tp is None or pp is None:     # the layout is searched at prediction time (layout.py)
+            case.open_layout = (tp, pp)
+            case.parallel = build_parallel(Cells(row, d, []), case.model, tp or 1, pp or 1, provisional=True)
+        else:
+            case.parallel = build_parallel(c, case.model, tp, pp)
         _metric_inputs(c, case)
         if not framework:
             c.assumptions.append("framework not given: generic defaults")
