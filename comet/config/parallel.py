@@ -90,6 +90,9 @@ class ParallelConfig:
     # NICs of a node, the default) or flat (one ring over the whole DP group at one NIC per GPU, as
     # DeepSpeed-2021 ZeRO-3; ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3"; comet.hardware.network).
     dp_collective: str = "hierarchical"
+    # ZeRO-3 gathered parameters resident at once: None = two layers (FSDP units are layers); DeepSpeed
+    # frees gathers beyond a live-parameter budget (stage3_max_live_parameters + prefetch bucket).
+    zero3_live_params: float | None = None
     # Uneven pipelines (comet.config.stages): transformer layers on the first / last stage, or the
     # embedding / loss counted as one layer each (Megatron-Core account_for_*_in_pipeline_split).
     pp_first_stage_layers: int | None = None

@@ -28,7 +28,9 @@ Sources of the defaults:
 - DeepSpeed ZeRO-3 as used in SC21 Table 2 (Megatron-DeepSpeed): fp16, unfused attention, activation
   checkpointing of every layer (`--checkpoint-activations`, as in Megatron-DeepSpeed's GPT scripts);
   ZeRO-3 gathers / reduce-scatters as one flat ring over the DP group at about one NIC per GPU
-  (../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"; ParallelConfig.dp_collective).
+  (../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"; ParallelConfig.dp_collective); gathered
+  parameters freed beyond stage3_max_live_parameters (1e9) + stage3_prefetch_bucket_size (5e8), the
+  DeepSpeed config defaults (ParallelConfig.zero3_live_params).
 - Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP.
 - Generic (framework empty or unknown): comet's ParallelConfig defaults.
 FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
@@ -61,6 +63,7 @@ class FrameworkDefaults:
     fp8_impl: str = "te"                     # Transformer Engine; torchtitan uses torchao Float8Linear
     selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
+    zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
@@ -106,8 +109,13 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
                                    sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
                                    flops_formula="narayanan_eq3", dp_collective="flat",
+                                   # DeepSpeed config defaults: stage3_max_live_parameters 1e9 +
+                                   # stage3_prefetch_bucket_size 5e8 (deepspeed/runtime/zero/config.py)
+                                   zero3_live_params=1.5e9,
                                    notes={"dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
-                                          "group as one ring at ~1 NIC per GPU (physics-notes.md)"}),
+                                          "group as one ring at ~1 NIC per GPU (physics-notes.md)",
+                                          "zero3_live_params": "gathered parameters kept at once: "
+                                          "stage3_max_live_parameters + stage3_prefetch_bucket_size"}),
     "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
 }
 GENERIC = FrameworkDefaults("generic")

@@ -247,6 +247,9 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
     dp_collective = "hierarchical"
     if zero >= 3 and d.dp_collective != "hierarchical":
         dp_collective = c.default("dp_collective", d.dp_collective)
+    live = None
+    if zero >= 3 and d.zero3_live_params is not None:
+        live = c.default("zero3_live_params", d.zero3_live_params)
     first, last = c.integer("pp_first_stage_layers"), c.integer("pp_last_stage_layers")
     emb_loss = False
     if first is None and last is None and model.layers % (pp * vpp) and (model.layers + 2) % (pp * vpp) == 0:
@@ -270,7 +273,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
-            dp_collective=dp_collective,
+            dp_collective=dp_collective, zero3_live_params=live,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)

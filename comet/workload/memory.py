@@ -242,6 +242,11 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     optimizer = params * ADAM_BYTES[par.optimizer_dtype] / (shard if par.zero >= 1 else 1)
     layers_here = par.stage_layers(model, stage)
     buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * WEIGHT_BYTES
+    if par.zero3_live_params is not None:   # DeepSpeed: per-module gathers up to the live budget; a larger
+        # module is still gathered whole (deepspeed/runtime/zero/partitioned_param_coordinator.py)
+        module = max(model.hidden * model.ffn_hidden * (2 if model.gated else 1),
+                     model.hidden * (model.q_hidden + 2 * model.kv_hidden)) / par.tp
+        buffer = min(buffer, max(par.zero3_live_params, module) * WEIGHT_BYTES)
     return weights, grads, optimizer, buffer
 
 
