@@ -116,7 +116,9 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
                                           "group as one ring at ~1 NIC per GPU (physics-notes.md)",
                                           "zero3_live_params": "gathered parameters kept at once: "
                                           "stage3_max_live_parameters + stage3_prefetch_bucket_size"}),
-    "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
+    # Llama 3 paper sec. 3.3.2: pipeline stages balanced by one layer fewer on the first and last stage
+    "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
+                                       uneven_pipeline=True),
 }
 GENERIC = FrameworkDefaults("generic")
 

@@ -131,16 +131,17 @@ def predict(case: Case, clusters: ClusterCache) -> Prediction:
         return Prediction(case, "skipped", reason=case.skip_reason)
     try:
         cluster = clusters.get(case.cluster_file, case.hbm_GB, case.hbm_GBps)
-        if case.metric == "layer_fwd_bwd_time_ms":
-            ms, parts, label = layer_time_ms(case, cluster)
-            return Prediction(case, "ok", ms, label=label, breakdown=parts)
         if case.open_layout is not None:
             res = choose_layout(case, cluster)
             if res is None:
                 return Prediction(case, "infeasible", reason=case.assumptions[-1], label=case.parallel.label())
         else:
             fit_memory_knobs(case, cluster)
-            res = evaluate(case.model, cluster, case.parallel)
+            res = None
+        if case.metric == "layer_fwd_bwd_time_ms":
+            ms, parts, label = layer_time_ms(case, cluster)
+            return Prediction(case, "ok", ms, label=label, breakdown=parts)
+        res = res or evaluate(case.model, cluster, case.parallel)
     except CometError as exc:
         return Prediction(case, "infeasible", reason=str(exc))
     mem = res.memory_gb_per_gpu if res.memory_gb_per_gpu == res.memory_gb_per_gpu else None
