@@ -12,7 +12,8 @@ Sources of the defaults:
   (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp.
 - Megatron-LM of the 2021-2022 papers (Narayanan SC21, Korthikanti MLSys23, both on A100): fp16 mixed
   precision, unfused softmax attention, no distributed optimizer, grad all-reduce after the backward
-  ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3).
+  ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3). Versions up to
+  2021 have no selective recompute (it came with Korthikanti et al., May 2022) nor uneven stages.
 - NeMo (Framework Launcher configs, NeMo 2 performance recipes) and Megatron-Bridge perf recipes on
   Megatron-Core: distributed optimizer (ZeRO 1), sequence parallelism with TP, overlapped grad reduce
   and param gather, TP communication overlap (userbuffers; every H100 recipe sets tp_comm_overlap),
@@ -31,7 +32,8 @@ Sources of the defaults:
   (../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"; ParallelConfig.dp_collective); gathered
   parameters freed beyond stage3_max_live_parameters (1e9) + stage3_prefetch_bucket_size (5e8), the
   DeepSpeed config defaults (ParallelConfig.zero3_live_params).
-- Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP.
+- Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP,
+  uneven pipeline stages (one layer fewer on the first and the last, sec. 3.3.2).
 - Generic (framework empty or unknown): comet's ParallelConfig defaults.
 FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
 """

@@ -1,6 +1,4 @@
-"""The layout of a row whose source does not state its tp x pp split.
-
-Some sources give only the model-parallel size (Narayanan et al. SC21 Table 2: tp*pp = 96, from
+"""Some sources give only the model-parallel size (Narayanan et al. SC21 Table 2: tp*pp = 96, from
 num_gpus / dp) or no layout at all (a strong-scaling curve). Such a run was tuned by its authors, so it
 is predicted with the layout its framework would be tuned to: the fastest feasible one, found by a
 small exhaustive search with comet's own evaluate():
@@ -14,10 +12,11 @@ small exhaustive search with comet's own evaluate():
 - dp = num_gpus / (tp * pp * cp) must divide the global batch into whole micro-batches.
 
 Each candidate takes the row's other cells, the unstated memory knobs are fitted as for any row
-(comet/validate/memory_knobs.py), and those that fit are evaluated. The fastest step wins; ties go to the
-first in (tp, pp) ascending order, so the choice is deterministic. The search is bounded by the
-divisor counts (at most MAX_LAYOUTS evaluations; a few dozen for the rows of measurements.csv). The
-chosen layout is reported as an assumption, with how many layouts were searched.
+(comet/validate/memory_knobs.py), and those that fit are evaluated. The fastest step wins; ties go to
+the first in (tp, pp) ascending order, so the choice is deterministic. The search is bounded by the
+divisor counts and at most 64 candidates (1 to 59 for the rows of measurements.csv). The chosen
+layout is reported as an assumption with how many layouts were searched; it is chosen once per row,
+with the cluster spec's parameters at that time (a `--fit` keeps it while it varies them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory-saving knobs a row leaves empty. A published run ran, so it fitted in its GPUs' memory.
+"""A published run ran, so it fitted in its GPUs' memory.
 
 Where a row leaves a memory-saving knob empty and its framework's default does not fit in HBM, the row
 is predicted with the least memory-saving setting that fits, taken along one fixed ladder. The steps,
@@ -23,9 +23,8 @@ Each step applies on top of the previous ones, only to a knob whose cell the row
 its framework can express (explicit cells always win), and only where it lowers the peak (selective
 recompute saves nothing under flash attention, which keeps no attention scores). The first
 configuration that fits is used and every step taken is reported as an assumption with the memory
-that made it necessary, e.g.
-"recompute=full (not stated; none does not fit: needs 91.2 GB per GPU)". If none fits, the row stays
-infeasible with the reason of the most memory-saving configuration tried.
+that made it necessary, e.g. "recompute=full (not stated; none does not fit: needs 91.2 GB per GPU)".
+If none fits, the row stays infeasible with the reason of the most memory-saving configuration tried.
 """
 
 from __future__ import annotations
