@@ -134,7 +134,7 @@ def predict(case: Case, clusters: ClusterCache) -> Prediction:
         if case.open_layout is not None:
             res = choose_layout(case, cluster)
             if res is None:
-                return Prediction(case, "infeasible", reason=case.assumptions[-1], label=case.parallel.label())
+                return Prediction(case, "infeasible", reason=case.assumptions[-1])
         else:
             fit_memory_knobs(case, cluster)
             res = None
