@@ -138,10 +138,17 @@ def test_published_generalisation_bounds():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 11 target (time MAPE <= 8%, 0 infeasible) not met yet: "
+def test_published_coverage_every_run_that_ran_fits():
+    """Issue 11: on the shipped CSV no row is predicted infeasible (unstated memory knobs and layouts are
+    filled by comet/validate/memory_knobs.py and layout.py) and >= 95% of the time rows are predicted."""
+    cov = _published().summary["time_coverage"]
+    assert cov["infeasible"] == 0 and cov["ok"] / cov["rows"] >= 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="issue 11 target (time MAPE <= 8%) not met yet: "
                    "see docs/validation.md 'Known limitations'")
-def test_published_target_time_mape_and_coverage():
+def test_published_target_time_mape():
     val = _published()
     s = val.summary
-    assert s["time_metrics"].mape <= 8.0
-    assert s["time_coverage"]["infeasible"] == 0 and s["memory"].mape <= 10.0
+    assert s["time_metrics"].mape <= 8.0 and s["memory"].mape <= 10.0
