@@ -63,7 +63,7 @@ def choose_layout(case: Case, cluster: ClusterSpec) -> Result | None:
     """Search the row's open layout; on success the case's configuration and assumptions become the
     fastest feasible layout's and its result is returned. None when no layout is feasible (the case then
     keeps its stand-in configuration and the reason says what was searched)."""
-    best: tuple[Result, object, list[str]] | None = None
+    best: tuple[Result, object, list[str], list[str]] | None = None
     candidates = candidate_layouts(case, cluster.gpus_per_node)
     for tp, pp in candidates:
         try:
@@ -76,16 +76,18 @@ def choose_layout(case: Case, cluster: ClusterSpec) -> Result | None:
             continue
         res = evaluate(case.model, cluster, par)
         if res.feasible and (best is None or res.step_time_s < best[0].step_time_s):
-            best = (res, par, with_steps(notes, taken, replaced))
+            best = (res, par, with_steps(notes, taken, replaced), taken)
     case.open_layout = None
     if best is None:
         case.assumptions.append(f"layout not stated; none of {len(candidates)} layouts searched fits "
                                 "(comet/validate/layout.py)")
         return None
-    res, par, notes = best
-    case.parallel = par
-    case.assumptions.extend(notes)
+    res, par, notes, taken = best
     dp = par.gpus // (par.tp * par.pp * par.cp)
-    case.assumptions.append(f"layout tp={par.tp} pp={par.pp} dp={dp} (not stated: the "
-                            f"fastest feasible of {len(candidates)} layouts searched, comet/validate/layout.py)")
+    searched = f"{len(candidates)} layout{'s' if len(candidates) > 1 else ''} searched"
+    chosen = f"layout tp={par.tp} pp={par.pp} dp={dp} (not stated: the fastest feasible of {searched}, " \
+             "comet/validate/layout.py)"
+    case.parallel = par
+    case.assumptions.extend(notes + [chosen])
+    case.chosen.extend(taken + [chosen])
     return res

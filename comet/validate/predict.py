@@ -124,6 +124,7 @@ def fit_memory_knobs(case: Case, cluster: ClusterSpec) -> None:
     if taken:
         case.parallel = par
         case.assumptions[:] = with_steps(case.assumptions, taken, replaced)
+        case.chosen.extend(taken)
 
 
 def predict(case: Case, clusters: ClusterCache) -> Prediction:

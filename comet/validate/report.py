@@ -226,6 +226,10 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
               "predicted peak is within 5% of HBM (comet/workload/memory.py FIT_MARGIN).",
               "", "## Memory", ""]
     lines += memory_md(val)
+    lines += ["", "## Settings chosen for knobs a row leaves empty", "",
+              "Rows whose configuration the memory-knob ladder or the layout search set (sections above):", ""]
+    lines += [f"- row {p.case.index} ({p.case.row.get('model', '')}): {note}"
+              for p in val.predictions for note in p.case.chosen] or ["- none"]
     lines += ["", "## Rows", ""]
     lines += rows_md(val)
     lines += ["", "## Known limitations", ""]

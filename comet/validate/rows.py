@@ -85,6 +85,7 @@ class Case:
     # (tp, pp) as stated, None where the source leaves it open: the layout is chosen at prediction time
     # (comet/validate/layout.py); None once chosen or where both are stated
     open_layout: tuple[int | None, int | None] | None = None
+    chosen: list[str] = field(default_factory=list)   # settings chosen for empty knobs (also in assumptions)
 
     @property
     def source(self) -> str:
@@ -249,7 +250,8 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
         dp_collective = c.default("dp_collective", d.dp_collective)
     live = None
     if zero >= 3 and d.zero3_live_params is not None:
-        live = c.default("zero3_live_params", d.zero3_live_params)
+        live = d.zero3_live_params
+        c.default("zero3_live_params", f"{live:.3g}")
     first, last = c.integer("pp_first_stage_layers"), c.integer("pp_last_stage_layers")
     emb_loss = False
     if first is None and last is None and model.layers % (pp * vpp) and (model.layers + 2) % (pp * vpp) == 0:
