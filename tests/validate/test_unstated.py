@@ -149,3 +149,14 @@ def test_published_rows_stated_less_still_fit(tmp_path):
         w.writerows(rows)
     cov = run_validation(out).summary["time_coverage"]
     assert cov["infeasible"] <= 2 and cov["ok"] / cov["rows"] >= 0.90
+
+
+def test_cli_and_json_report_the_chosen_settings(tmp_path, capsys):
+    import json
+    from comet.cli import main
+    csv = write_csv(tmp_path / "t.csv", [row(**TINY)])
+    out = tmp_path / "t.json"
+    assert main(["validate", str(csv), "--quiet", "--json", str(out)]) == 0
+    assert "row 0 (GPT 22B) assumed recompute=full (not stated; none does not fit" in capsys.readouterr().out
+    r = json.loads(out.read_text())["rows"][0]
+    assert r["status"] == "ok" and any(a.startswith("recompute=full (not stated;") for a in r["assumptions"])
