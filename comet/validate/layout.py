@@ -79,8 +79,10 @@ def choose_layout(case: Case, cluster: ClusterSpec) -> Result | None:
             best = (res, par, with_steps(notes, taken, replaced), taken)
     case.open_layout = None
     if best is None:
-        case.assumptions.append(f"layout not stated; none of {len(candidates)} layouts searched fits "
-                                "(comet/validate/layout.py)")
+        case.assumptions.append(
+            f"layout not stated; none of {len(candidates)} layouts searched fits (comet/validate/layout.py)"
+            if candidates else f"layout not stated and no tp x pp split matches num_gpus {case.parallel.gpus}, "
+            f"the stated cells and {case.model.layers} layers (comet/validate/layout.py)")
         return None
     res, par, notes, taken = best
     dp = par.gpus // (par.tp * par.pp * par.cp)

@@ -160,3 +160,13 @@ def test_cli_and_json_report_the_chosen_settings(tmp_path, capsys):
     assert "row 0 (GPT 22B) assumed recompute=full (not stated; none does not fit" in capsys.readouterr().out
     r = json.loads(out.read_text())["rows"][0]
     assert r["status"] == "ok" and any(a.startswith("recompute=full (not stated;") for a in r["assumptions"])
+
+
+def test_open_layout_that_nothing_matches_is_infeasible_with_the_reason():
+    # 10 GPUs, global batch 7: dp must divide 7 and 10 -> dp 1, tp*pp = 10 -> (1, 10), (2, 5); neither pp
+    # divides 48 layers, and 2021 Megatron-LM has no uneven stages
+    case = derive_case(row(num_gpus="10", tp="", pp="", micro_batch="1", global_batch="7",
+                           framework_version="Megatron-LM (SC21 paper, 2021)"), 0)
+    assert candidate_layouts(case, 8) == []
+    pred = predict(case, _cache())
+    assert pred.status == "infeasible" and "no tp x pp split matches num_gpus 10" in pred.reason
