@@ -29,8 +29,8 @@ If none fits, the row stays infeasible with the reason of the most memory-saving
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec

@@ -4,6 +4,7 @@
 from dataclasses import replace
 
 import pytest
+from csvrows import row, write_csv
 
 from comet.config.parallel import Recompute
 from comet.evaluate import evaluate
@@ -12,8 +13,6 @@ from comet.validate.predict import ClusterCache, predict
 from comet.validate.rows import derive_case, layout_config, load_cases
 from comet.validate.runner import repo_root
 from comet.workload.memory import estimate_memory
-
-from csvrows import row, write_csv
 
 # A small GPT on one 80 GB A100, as Megatron-LM of 2021 ran it (fp16, unfused attention, dropout, no
 # selective recompute): micro-batch 64 of 2048 tokens keeps far more activations than HBM holds.
@@ -131,6 +130,7 @@ def test_published_rows_stated_less_still_fit(tmp_path):
     memory-saving knob and the layout cleared are predicted with <= 2 time rows infeasible and >= 90%
     predicted."""
     import csv
+
     from comet.validate.runner import default_csv, run_validation
     src = default_csv()
     if not src.is_file():
@@ -153,6 +153,7 @@ def test_published_rows_stated_less_still_fit(tmp_path):
 
 def test_cli_and_json_report_the_chosen_settings(tmp_path, capsys):
     import json
+
     from comet.cli import main
     csv = write_csv(tmp_path / "t.csv", [row(**TINY)])
     out = tmp_path / "t.json"
