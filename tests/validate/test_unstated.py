@@ -4,7 +4,6 @@
 from dataclasses import replace
 
 import pytest
-from csvrows import row, write_csv
 
 from comet.config.parallel import Recompute
 from comet.evaluate import evaluate
@@ -13,6 +12,8 @@ from comet.validate.predict import ClusterCache, predict
 from comet.validate.rows import derive_case, layout_config, load_cases
 from comet.validate.runner import repo_root
 from comet.workload.memory import estimate_memory
+
+from csvrows import row, write_csv
 
 # A small GPT on one 80 GB A100, as Megatron-LM of 2021 ran it (fp16, unfused attention, dropout, no
 # selective recompute): micro-batch 64 of 2048 tokens keeps far more activations than HBM holds.
