@@ -55,12 +55,42 @@ class LRU:
         d.move_to_end(key)
         return value
 
+    def get(self, key: Hashable) -> Any:
+        """The value, or None when absent (or caching is disabled)."""
+        value = self._d.get(key) if enabled else None
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self._d.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if enabled:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
     def clear(self) -> None:
         self._d.clear()
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._d)
+
+
+class BytesLRU(LRU):
+    """An LRU bounded by the bytes of its numpy values (large arrays of varying size)."""
+
+    def __init__(self, budget_bytes: int, size: int):
+        super().__init__(size)
+        self.budget = budget_bytes
+
+    def put(self, key: Hashable, value: Any) -> None:
+        super().put(key, value)
+        while len(self._d) > 1 and sum(getattr(v, "nbytes", 0) for v in self._d.values()) > self.budget:
+            self._d.popitem(last=False)
 
 
 enabled = True                      # False: every value computed afresh (see disabled())
@@ -73,6 +103,8 @@ blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder 
 _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
 facts = LRU(_GRAPH_ENTRIES)         # (question, object key) -> answer about a read-only input
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
+network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
+orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task
 
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
@@ -181,7 +213,7 @@ def disabled():
 
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory):
+    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, network, orders):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
@@ -192,4 +224,5 @@ def clear() -> None:
 def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
-            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks))}
+            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks),
+             ("network", network), ("orders", orders))}

@@ -3,20 +3,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.hardware.network import p2p_time_s
 from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
-from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
-from comet.replay.timing import timed_s
+from comet.replay.schedule import task_kinds
+from comet.replay.timing import p2p_s, timed_s
 from comet.result import BREAKDOWN_KEYS
 
 
@@ -68,23 +67,6 @@ def _scaled(parts: dict, k: float, into: dict) -> None:
         into[key] = into.get(key, 0.0) + k * v
 
 
-def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
-    """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
-    forward and backward runs: middle stages all run the same few."""
-    kinds: dict = {}
-    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
-    for s in range(plan.pp):
-        for c in range(plan.vpp):
-            for phase in (FWD, BWD):
-                # the task ends with a blocking send (None: the last forward / first backward)
-                key = (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
-                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
-    return list(kinds), ids[FWD], ids[BWD]
-
-
-_task_kinds_shared = cache.memoized(256)(_task_kinds)
-
-
 def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
     """The parts of blocks `keys` run one after another (summed in order). Shared between candidates
     whose blocks are the same (cached) BlockTiming objects; the key holds them, so ids stay unique."""
@@ -102,14 +84,13 @@ def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
-    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
-    kinds, f_kind, b_kind = _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
+    kinds, f_kind, b_kind = task_kinds(plan)
     parts_of, dur_of = [], []
     for keys, stride in kinds:
         parts = dict(_blocks_parts(keys, blocks))
         if stride is not None:
             parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
-                                   + plan.p2p_exposed * p2p_time_s(plan.p2p_bytes, stride, cluster))
+                                   + plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster))
         parts_of.append(parts)
         dur_of.append(sum(parts.values()))
     dur_of = np.array(dur_of)

@@ -174,6 +174,27 @@ def test_compiled_summary_equals_the_task_arrays(schedule, pp, vpp, m):
         np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed: the numpy solver is the only one")
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),
+                                               ("1f1b", 8, 1, 3), ("interleaved_1f1b", 2, 3, 4), ("1f1b", 1, 1, 4),
+                                               ("interleaved_1f1b", 3, 2, 6)])
+def test_replay_in_recorded_order_equals_the_sweep_bit_for_bit(schedule, pp, vpp, m):
+    # the second candidate of a pipeline shape replays the visit order the first one recorded: other
+    # durations and releases, the same figures as the sweep computes for them
+    from comet.replay.pipeline import summarize
+    rng = np.random.default_rng(pp * 11 + vpp * 5 + m)
+    cache.clear()
+    for _ in range(3):
+        f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
+        release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
+        cached = summarize(schedule, pp, vpp, m, f, b, release)
+        with cache.disabled():
+            swept = summarize(schedule, pp, vpp, m, f, b, release)
+        for name in ("compute_end", "last_b_start", "bubble", "gather_wait"):
+            np.testing.assert_array_equal(getattr(cached, name), getattr(swept, name), err_msg=name)
+    assert cache.orders.hits >= 2
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=configs, prov=provisions)
 def test_numpy_fallback_equals_compiled_path(cfg, prov, h100, monkeypatch):

@@ -32,6 +32,15 @@ def test_fluid_sharing_by_hand():
     assert ends.tolist() == [[1.0, 2.0, 3.0]]
 
 
+def test_compiled_sharing_equals_the_numpy_loop(monkeypatch):
+    rng = np.random.default_rng(7)
+    ready = np.sort(rng.uniform(0, 5, (4, 9)), axis=1)
+    dur, t0, window, rate = rng.uniform(0.1, 1, (4, 9)), rng.uniform(0, 1, 4), rng.uniform(2, 6, 4), rng.uniform(0.5, 1, 4)
+    compiled = contention.serial_shared(ready, dur, t0, window, rate)
+    monkeypatch.setattr(contention, "HAVE_NUMBA", False)
+    np.testing.assert_array_equal(compiled, contention.serial_shared(ready, dur, t0, window, rate))
+
+
 @pytest.fixture
 def two_tier(h100):
     """4 GPUs per node at 100 GB/s, one 10 GB/s NIC per GPU; ideal links so the numbers are exact."""
