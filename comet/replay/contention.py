@@ -111,13 +111,13 @@ def serial_shared(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end
                   rate: np.ndarray) -> np.ndarray:
     """End times of transfers run one after another on one stream (rows: stages), each no earlier than
     its ready time, at `rate` of the port before `window_end` and the full port after."""
-    t0 = np.broadcast_to(np.asarray(t0, dtype=float), ready.shape[:1])
     if HAVE_NUMBA:
-        # perf: rows x buckets in compiled code (the numpy loop below costs ~5 us a bucket)
+        # perf: rows x buckets in compiled code (the numpy loop below costs ~5 us a bucket); per-row
+        # arguments of length 1 and a 1-D dur (one per column) broadcast inside the kernel
+        row = lambda a: np.ascontiguousarray(np.atleast_1d(a), dtype=float)   # noqa: E731
         return serial_shared_rows(np.ascontiguousarray(ready, float), np.ascontiguousarray(
-            np.broadcast_to(dur, ready.shape), float), np.ascontiguousarray(t0), np.ascontiguousarray(
-            np.broadcast_to(window_end, ready.shape[:1]), float), np.ascontiguousarray(
-            np.broadcast_to(rate, ready.shape[:1]), float))
+            np.atleast_2d(dur), float), row(t0), row(window_end), row(rate))
+    t0 = np.broadcast_to(np.asarray(t0, dtype=float), ready.shape[:1])
     ends = np.empty_like(ready, dtype=float)
     prev = t0.copy()
     for k in range(ready.shape[1]):

@@ -313,20 +313,22 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
 @njit(cache=True, nogil=True)
 def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,
                        rate: np.ndarray) -> np.ndarray:
-    """contention.serial_shared, row by row (the same arithmetic)."""
+    """contention.serial_shared, row by row (the same arithmetic). dur: (rows, cols) or (1, cols);
+    t0, window_end, rate: (rows,) or (1,)."""
     rows, cols = ready.shape
     ends = np.empty((rows, cols))
     for r in range(rows):
-        prev = t0[r]
-        w = window_end[r]
-        q = rate[r]
+        prev = t0[r if t0.shape[0] > 1 else 0]
+        w = window_end[r if window_end.shape[0] > 1 else 0]
+        q = rate[r if rate.shape[0] > 1 else 0]
+        d = r if dur.shape[0] > 1 else 0
         for k in range(cols):
             start = ready[r, k] if ready[r, k] > prev else prev
             shared = w - start
             if shared < 0.0:
                 shared = 0.0
             done_in_window = shared * q
-            need = dur[r, k]
+            need = dur[d, k]
             if need <= done_in_window:
                 prev = start + need / q
             else:

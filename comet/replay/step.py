@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,42 @@ class StageTail:
     partner_wait: float = 0.0  # waiting for the other end of the tied-embedding all-reduce
 
 
+class StageTails(Sequence):
+    """Every stage's tail as arrays (pp,), a StageTail built per access (a timeline, a test): the step
+    reads the arrays."""
+
+    def __init__(self, compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait,
+                 events: list | None):
+        self.compute_end, self.optimizer_start, self.optimizer_end, self.end = compute_end, optimizer_start, optimizer_end, end
+        self.adam, self.offload, self.partner_wait = adam, offload, partner_wait
+        self.events = events
+
+    def __len__(self) -> int:
+        return len(self.end)
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[i] for i in range(*s.indices(len(self)))]
+        s = range(len(self))[s]
+        return StageTail(float(self.compute_end[s]), float(self.optimizer_start[s]), float(self.optimizer_end[s]),
+                         self.events[s] if self.events is not None else [], float(self.end[s]), float(self.adam[s]),
+                         float(self.offload[s]), float(self.partner_wait[s]))
+
+
+class TaskParts(Sequence):
+    """[stage][chunk] -> parts dict of a task, from the distinct task kinds (schedule.task_kinds) and
+    which kind each (stage, chunk) runs: no per-stage lists built unless asked for."""
+
+    def __init__(self, parts_of: list[dict], kind: np.ndarray):
+        self.parts_of, self.kind = parts_of, kind
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def __getitem__(self, s) -> list[dict]:
+        return [self.parts_of[k] for k in self.kind[s].tolist()]
+
+
 @dataclass
 class StepReplay:
     step_time_s: float
@@ -38,9 +75,9 @@ class StepReplay:
     critical_stage: int
     stage_end: np.ndarray
     blocks: dict[str, BlockTiming]
-    tails: list[StageTail]
-    f_parts: list            # [stage][chunk] -> parts dict of a forward task
-    b_parts: list
+    tails: StageTails        # [stage] -> StageTail
+    f_parts: TaskParts       # [stage][chunk] -> parts dict of a forward task
+    b_parts: TaskParts
     plan: object = None      # the PipelinePlan replayed
     task_durations: tuple = ()   # (f_dur, b_dur, f_release) per (stage, chunk): the task level's inputs
     _tasks: tuple | None = field(default=None, repr=False)
@@ -94,9 +131,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
         parts_of.append(parts)
         dur_of.append(sum(parts.values()))
     dur_of = np.array(dur_of)
-    f_parts = [[parts_of[k] for k in row] for row in f_kind.tolist()]
-    b_parts = [[parts_of[k] for k in row] for row in b_kind.tolist()]
-    return dur_of[f_kind], dur_of[b_kind], f_parts, b_parts
+    return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
 
 def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
@@ -123,34 +158,34 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             memo[key] = timed_s(op, cluster, precision)
         return memo[key]
 
+    groups = _stage_groups_shared(graph)
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     # chunk's first forward waits for the buckets holding its first layer.
-    gather_end = [0.0] * pp
+    gather_end = np.zeros(pp)
     gather_events: list[list] = [[] for _ in range(pp)]   # (name, start, end) for the timeline
     f_release = np.zeros((pp, vpp))
-    for s, st in enumerate(graph.stages):
+    for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
+        st = graph.stages[stages[0]]
         if not (st.param_gathers and st.gather_before_forward):
             continue
         clock = 0.0
         for bs in st.param_gathers:
             d = t(bs.op)
-            first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s], 1))
-            f_release[s, bs.chunk] = clock + first_layer * d
+            first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + stages[0]], 1))
+            f_release[stages, bs.chunk] = clock + first_layer * d
             if keep_block_replays:
-                gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
-                                     for k in range(bs.count)]
+                for s in stages:
+                    gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
+                                         for k in range(bs.count)]
             clock += bs.count * d
-        gather_end[s] = clock
+        gather_end[stages] = clock
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, summary, gather_end, t, blocks, record=keep_block_replays, dp_rate=dp_rate)
-    if keep_block_replays:
-        for s in range(pp):
-            tails[s].dp_events[:0] = gather_events[s]
-    stage_end = np.array([tl.end for tl in tails])
-    crit = int(np.argmax(stage_end))
+    tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
+                   dp_rate=dp_rate)
+    crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
-    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, blocks, tails, f_parts, b_parts, plan,
+    return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
                       (f_dur, b_dur, f_release))
 
 
@@ -185,21 +220,23 @@ def _stage_groups(graph: StepGraph) -> dict:
     return groups
 
 
-def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
-           record: bool = False, dp_rate: np.ndarray | None = None) -> list[StageTail]:
-    """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
-    `record` (for the timeline)."""
+def _stage_groups_shared(graph: StepGraph) -> dict:
+    return cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
+
+
+def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end: np.ndarray, t, blocks,
+           events: list | None = None, dp_rate: np.ndarray | None = None) -> StageTails:
+    """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
+    (name, start, end) so far, extended here (for the timeline); None: not recorded."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
-    gather_end = np.asarray(gather_end, dtype=float)
+    record = events is not None
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
-    groups = cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
     dp_end = gather_end.copy()
     adam = np.zeros(pp)
     link = np.zeros(pp)
-    events: list = [[] for _ in range(pp)]
     for stages in groups.values():
         st = graph.stages[stages[0]]
         rows = np.asarray(stages)
@@ -207,33 +244,50 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
         link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
         if not st.grad_buckets:
             continue
-        offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
-        durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
-        chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
-        ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
-        order = np.argsort(ready, axis=1, kind="stable")
+        if len(st.grad_buckets) == 1:
+            bs = st.grad_buckets[0]
+            offsets = bucket_ready_offsets(graph, blocks, stages[0], bs)
+            durs = np.full(bs.count, t(bs.op))
+            chunk_of = None
+        else:
+            offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
+            durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
+            chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
+        if chunk_of is None and (offsets[1:] >= offsets[:-1]).all():
+            # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
+            # offsets): the stable sort is the identity
+            order = None
+            ready = last_b_start[rows, bs.chunk][:, None] + offsets[None, :]
+            in_order, durs_in_order = ready, durs
+        else:
+            if chunk_of is None:
+                chunk_of = np.full(len(offsets), st.grad_buckets[0].chunk)
+            ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
+            order = np.argsort(ready, axis=1, kind="stable")
+            in_order, durs_in_order = np.take_along_axis(ready, order, axis=1), durs[order]
         if dp_rate is None:
-            ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
+            ends = _serial(in_order, durs_in_order, gather_end[rows, None])
         else:   # the DP stream gets the NIC share the backward's traffic leaves until the stage's last backward ends
-            ends = serial_shared(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows],
-                                 summary.compute_end[rows], dp_rate[rows])
+            ends = serial_shared(in_order, durs_in_order, gather_end[rows], summary.compute_end[rows], dp_rate[rows])
         dp_end[rows] = ends[:, -1]
         if record:
             names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
             for r, s in enumerate(stages):
-                events[s] = [(names[i], e - durs[i], e) for i, e in zip(order[r].tolist(), ends[r].tolist())]
+                idx = range(len(names)) if order is None else order[r].tolist()
+                events[s] += [(names[i], e - durs[i], e) for i, e in zip(idx, ends[r].tolist())]
     compute_end = summary.compute_end
     partner_wait = np.zeros(pp)
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
-    emb = [s for s, st in enumerate(graph.stages) if st.embedding_sync is not None]
+    emb = sorted(s for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None for s in stages)
     if emb:
         ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
         start = max(ready_at.values())
         for s in emb:
             d = t(graph.stages[s].embedding_sync)
             partner_wait[s] = start - ready_at[s]
-            events[s].append(("embedding.grad_all_reduce", start, start + d))
+            if record:
+                events[s].append(("embedding.grad_all_reduce", start, start + d))
             dp_end[s] = start + d
     offload = np.maximum(0.0, link - adam)
     optimizer_start = np.maximum(compute_end, dp_end)
@@ -249,9 +303,7 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
                 for s in stages:
                     events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
             end[stages] += bs.count * d
-    values = zip(compute_end.tolist(), optimizer_start.tolist(), optimizer_end.tolist(), end.tolist(), adam.tolist(),
-                 offload.tolist(), partner_wait.tolist())
-    return [StageTail(ce, os_, oe, events[s], e, a, o, w) for s, (ce, os_, oe, e, a, o, w) in enumerate(values)]
+    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
 
 
 def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:
