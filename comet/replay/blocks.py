@@ -99,14 +99,15 @@ def time_block(g: nx.DiGraph, cluster: ClusterSpec, precision: str, keep_replay:
 
 def _time_block_shared(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> BlockTiming:
     """time_block through the content-keyed caches (comet/replay/cache.py): op durations once per
-    (block, cluster, precision), the event replay once per (block, durations)."""
+    (block, what the cost models read of the cluster, precision), the event replay once per (block,
+    durations)."""
     sig = cache.block_signature(g)
     ops = sig.value[0]
 
     def durations() -> tuple:
         return tuple(float(timed_s(op, cluster, precision)) for _, op in ops)
 
-    dur = cache.durations.get_or((sig, cache.cluster_key(cluster), precision), durations)
+    dur = cache.durations.get_or((sig, cache.timing_key(cluster), precision), durations)
     slowdown = cluster.efficiency.overlap_slowdown
 
     def run() -> BlockTiming:

@@ -109,7 +109,7 @@ orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_cluster_keys: dict[int, tuple[Any, str]] = {}
+_cluster_keys: dict[int, tuple[Any, dict]] = {}
 
 
 class Signature:
@@ -142,17 +142,49 @@ def block_signature(g) -> Signature:
     return sig
 
 
-def cluster_key(cluster) -> str:
-    """The cluster's full content (frozen dataclasses: their repr lists every field). Memoized per
-    object; the object is held so its id cannot be reused while the entry lives."""
+def _keys(cluster) -> dict:
+    """The memoized keys of one cluster object; the object is held so its id cannot be reused while
+    the entry lives."""
     hit = _cluster_keys.get(id(cluster))
     if hit is not None and hit[0] is cluster:
         return hit[1]
-    key = repr(cluster)
     if len(_cluster_keys) >= 256:
         _cluster_keys.clear()
-    _cluster_keys[id(cluster)] = (cluster, key)
-    return key
+    keys: dict = {}
+    _cluster_keys[id(cluster)] = (cluster, keys)
+    return keys
+
+
+def cluster_key(cluster) -> str:
+    """The cluster's full content (frozen dataclasses: their repr lists every field)."""
+    keys = _keys(cluster)
+    if "all" not in keys:
+        keys["all"] = repr(cluster)
+    return keys["all"]
+
+
+# What the cost models read of a cluster (tests/replay/test_cache.py runs them on a cluster that has
+# nothing else, so a model that starts reading another field fails there until it is added here).
+NETWORK_FIELDS = ("network",)                             # comet/hardware/network.py (levels derive from it)
+COMPUTE_FIELDS = ("gpu", "efficiency", "memory_expansion")  # comet/hardware/compute.py
+
+
+def network_key(cluster) -> str:
+    """The part of the cluster that collective and point-to-point times read: clusters that differ
+    elsewhere (GPU, HBM, prices) share their network costs."""
+    keys = _keys(cluster)
+    if "network" not in keys:
+        keys["network"] = repr(tuple(getattr(cluster, f) for f in NETWORK_FIELDS))
+    return keys["network"]
+
+
+def timing_key(cluster) -> tuple[str, str]:
+    """The part of the cluster that op durations read (compute and network models): clusters that
+    differ elsewhere (HBM capacity, prices, power) time every op alike."""
+    keys = _keys(cluster)
+    if "timing" not in keys:
+        keys["timing"] = (repr(tuple(getattr(cluster, f) for f in COMPUTE_FIELDS)), network_key(cluster))
+    return keys["timing"]
 
 
 def block_config(par):

@@ -64,11 +64,13 @@ def _block_nic_s(g, cluster: ClusterSpec, timed) -> float:
     return max(per_rank.values(), default=0.0)
 
 
-def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "") -> np.ndarray | None:
+def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "",
+                groups: dict | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
-    the op's duration; `b_dur[stage, chunk]`: backward task durations."""
-    nic = _backward_nic_s(graph, cluster, timed, precision)
+    the op's duration; `b_dur[stage, chunk]`: backward task durations; `groups`: stages sharing one
+    StageSync (step._stage_groups), or None (each stage on its own)."""
+    nic = _backward_nic_s(graph, cluster, timed, precision, groups)
     if nic is None:
         return None
     busy = np.sum(b_dur, axis=1)
@@ -77,33 +79,39 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
     return rate if (rate < 1.0).any() else None
 
 
-def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str) -> np.ndarray | None:
+def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,
+                    groups: dict | None) -> np.ndarray | None:
     """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
     chunk); None when no stage's does."""
-    crossing: dict[int, bool] = {}      # perf: middle stages share one StageSync object
-    for st in graph.stages:
-        if id(st) not in crossing:
-            crossing[id(st)] = any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
-    if not any(crossing.values()):
+    mask = np.zeros(len(graph.stages), dtype=bool)
+    for stages in (groups.values() if groups is not None else ([s] for s in range(len(graph.stages)))):
+        st = graph.stages[stages[0]]
+        mask[stages] = any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
+    if not mask.any():
         return None
     plan = graph.plan
     kinds, _, b_kind = task_kinds(plan)
-    ckey = cache.cluster_key(cluster)
+    ckey = cache.timing_key(cluster)     # block durations, placement and sends read only these
 
     def block_nic(key: str) -> float:
         g = graph.blocks[key]
-        # perf: a block's NIC load depends only on its content, the cluster and the precision
+        # a block's NIC load depends only on its content, the cluster and the precision
         return cache.durations.get_or(("NIC seconds", cache.block_signature(g), ckey, precision),
                                       lambda: _block_nic_s(g, cluster, timed))
 
-    kind_nic = np.zeros(len(kinds))
-    for k in np.unique(b_kind).tolist():
-        keys, stride = kinds[k]
-        for key in keys:
-            kind_nic[k] += block_nic(key)
-        if stride is not None and _p2p_crosses(stride, cluster):
-            kind_nic[k] += p2p_s(plan.p2p_bytes, stride, cluster)
-    mask = np.array([crossing[id(st)] for st in graph.stages])
+    def per_kind() -> np.ndarray:
+        kind_nic = np.zeros(len(kinds))
+        of_block = {key: block_nic(key) for keys, _ in kinds for key in dict.fromkeys(keys)}
+        for k, (keys, stride) in enumerate(kinds):
+            for key in keys:
+                kind_nic[k] += of_block[key]
+            if stride is not None and _p2p_crosses(stride, cluster):
+                kind_nic[k] += p2p_s(plan.p2p_bytes, stride, cluster)
+        return kind_nic
+
+    # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
+    kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,
+                                   precision, plan.p2p_bytes), per_kind)
     return np.where(mask, kind_nic[b_kind].sum(axis=1), 0.0)
 
 

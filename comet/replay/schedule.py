@@ -102,11 +102,17 @@ def task_blocks(plan, stage: int, chunk: int, phase: int) -> list[str]:
 def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
     kinds: dict = {}
     ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
+    last = plan.pp * plan.vpp - 1
+    blocks_of: dict = {}     # perf: a task's blocks depend on its layer kinds and whether it holds an end
     for s in range(plan.pp):
         for c in range(plan.vpp):
+            vs = c * plan.pp + s
+            role = (plan.layer_kinds(vs), vs == 0, vs == last)
             for phase in (FWD, BWD):
+                if (role, phase) not in blocks_of:
+                    blocks_of[role, phase] = tuple(task_blocks(plan, s, c, phase))
                 # the task ends with a blocking send (None: the last forward / first backward)
-                key = (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
+                key = (blocks_of[role, phase], send_stride(plan, s, c, phase))
                 ids[phase, s, c] = kinds.setdefault(key, len(kinds))
     ids.flags.writeable = False
     return list(kinds), ids[FWD], ids[BWD]

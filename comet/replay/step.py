@@ -118,19 +118,27 @@ def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
     return cache.facts.get_or(("blocks parts", keys, tuple(map(id, held))), total)[0]
 
 
-def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
+def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec, precision: str):
     """Durations and parts of every (stage, chunk) forward and backward task."""
     plan = graph.plan
     kinds, f_kind, b_kind = task_kinds(plan)
-    parts_of, dur_of = [], []
-    for keys, stride in kinds:
-        parts = dict(_blocks_parts(keys, blocks))
-        if stride is not None:
-            parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
-                                   + plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster))
-        parts_of.append(parts)
-        dur_of.append(sum(parts.values()))
-    dur_of = np.array(dur_of)
+
+    def per_kind() -> tuple[np.ndarray, list]:
+        parts_of, dur_of = [], []
+        for keys, stride in kinds:
+            parts = dict(_blocks_parts(keys, blocks))
+            if stride is not None:
+                parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
+                                       + plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster))
+            parts_of.append(parts)
+            dur_of.append(sum(parts.values()))
+        return np.array(dur_of), parts_of
+
+    # perf: a task kind's parts depend on its blocks (timed on this cluster at this precision) and the
+    # pipeline send; candidates that share the builder's blocks (cache.blocks) share the table
+    dur_of, parts_of = cache.facts.get_or(
+        ("task kind parts", cache.object_key(graph.blocks), cache.object_key(kinds), cache.timing_key(cluster),
+         precision, plan.p2p_bytes, plan.p2p_exposed), per_kind)
     return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
 
@@ -147,7 +155,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     blocks = {k: time_block(g, cluster, precision, keep_block_replays) for k, g in graph.blocks.items()}
     plan = graph.plan
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
-    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster)
+    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster, precision)
 
     memo: dict = {}
 
@@ -180,7 +188,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             clock += bs.count * d
         gather_end[stages] = clock
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision)   # NIC shared by DP and backward traffic (contention.py)
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups)   # NIC shared by DP and backward traffic (contention.py)
     tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
                    dp_rate=dp_rate)
     crit = int(np.argmax(tails.end))

@@ -10,16 +10,16 @@ from comet.replay import cache
 
 
 def p2p_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
-    """network.p2p_time_s, computed once per (bytes, distance, cluster content): a search asks for the
-    same pipeline sends on every candidate."""
-    return cache.network.get_or(("p2p", msg_bytes, distance, cache.cluster_key(cluster)),
+    """network.p2p_time_s, computed once per (bytes, distance, network): a search asks for the same
+    pipeline sends on every candidate."""
+    return cache.network.get_or(("p2p", msg_bytes, distance, cache.network_key(cluster)),
                                 lambda: p2p_time_s(msg_bytes, distance, cluster))
 
 
 def collective_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec,
                  flat: bool = False) -> float:
-    """network.collective_time_s, computed once per its arguments and the cluster's content."""
-    return cache.network.get_or((kind, msg_bytes, size, stride, flat, cache.cluster_key(cluster)),
+    """network.collective_time_s, computed once per its arguments and the cluster's network."""
+    return cache.network.get_or((kind, msg_bytes, size, stride, flat, cache.network_key(cluster)),
                                 lambda: collective_time_s(kind, msg_bytes, size, stride, cluster, flat=flat))
 
 

@@ -210,3 +210,26 @@ def test_numpy_fallback_equals_compiled_path(cfg, prov, h100, monkeypatch):
         assert fallback.step_time_s == pytest.approx(compiled.step_time_s, rel=1e-12)
         for k, v in compiled.breakdown.items():
             assert fallback.breakdown[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+
+
+def test_cost_models_read_only_the_fields_their_cache_keys_hold(h100):
+    # op durations are shared between clusters with equal cache.timing_key (network costs: equal
+    # network_key); a cost model that starts reading another field of the cluster must fail here until
+    # the field is added to cache.COMPUTE_FIELDS / NETWORK_FIELDS
+    from types import SimpleNamespace
+
+    from comet.replay.timing import op_time_s
+    model, par = _par({"model": "gqa", "tp": 2, "pp": 2, "cp": 2, "gpus": 32, "micro_batch": 1, "global_batch": 32,
+                       "recompute": Recompute.SELECTIVE, "zero": 1, "schedule": Schedule.ONE_F_ONE_B, "vpp": 1,
+                       "precision": Precision.BF16, "flash_attention": True, "overlap_tp_comm": False,
+                       "overlap_grad_reduce": True, "offload": (OffloadTarget.OPTIMIZER,)})
+    cluster = apply_provisioning(h100, {"expansion_GB": 512, "expansion_bandwidth_GBps": 100.0})
+    graph = build_step_graph(model, par.resolve(model))
+    ops = [op for g in graph.blocks.values() for _, op in g.nodes(data="op")]
+    ops += [bs.op for st in graph.stages for bs in st.grad_buckets + st.param_gathers] + [
+        op for st in graph.stages for op in st.optimizer]
+    fields = cache.COMPUTE_FIELDS + cache.NETWORK_FIELDS
+    only = SimpleNamespace(**{f: getattr(cluster, f) for f in fields}, levels=cluster.levels)
+    with cache.disabled():
+        for op in ops:
+            assert op_time_s(op, only, "bf16") == op_time_s(op, cluster, "bf16"), op.name
