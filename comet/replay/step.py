@@ -60,12 +60,16 @@ class TaskParts(Sequence):
 
     def __init__(self, parts_of: list[dict], kind: np.ndarray):
         self.parts_of, self.kind = parts_of, kind
+        self._rows: dict = {}
 
     def __len__(self) -> int:
         return len(self.kind)
 
     def __getitem__(self, s) -> list[dict]:
-        return [self.parts_of[k] for k in self.kind[s].tolist()]
+        row = self._rows.get(s)
+        if row is None:     # a timeline reads a stage's row once per task
+            row = self._rows[s] = [self.parts_of[k] for k in self.kind[s].tolist()]
+        return row
 
 
 @dataclass
@@ -225,7 +229,7 @@ def _stage_groups(graph: StepGraph) -> dict:
     for s, st in enumerate(graph.stages):
         role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
         groups.setdefault(role, []).append(s)
-    return groups
+    return {role: np.array(stages) for role, stages in groups.items()}   # index arrays (read-only)
 
 
 def _stage_groups_shared(graph: StepGraph) -> dict:
@@ -247,7 +251,7 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
     link = np.zeros(pp)
     for stages in groups.values():
         st = graph.stages[stages[0]]
-        rows = np.asarray(stages)
+        rows = stages
         adam[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
         link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
         if not st.grad_buckets:
