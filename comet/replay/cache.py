@@ -178,12 +178,20 @@ def network_key(cluster) -> str:
     return keys["network"]
 
 
+def compute_key(cluster) -> str:
+    """The part of the cluster that compute and copy kernel times read."""
+    keys = _keys(cluster)
+    if "compute" not in keys:
+        keys["compute"] = repr(tuple(getattr(cluster, f) for f in COMPUTE_FIELDS))
+    return keys["compute"]
+
+
 def timing_key(cluster) -> tuple[str, str]:
     """The part of the cluster that op durations read (compute and network models): clusters that
     differ elsewhere (HBM capacity, prices, power) time every op alike."""
     keys = _keys(cluster)
     if "timing" not in keys:
-        keys["timing"] = (repr(tuple(getattr(cluster, f) for f in COMPUTE_FIELDS)), network_key(cluster))
+        keys["timing"] = (compute_key(cluster), network_key(cluster))
     return keys["timing"]
 
 

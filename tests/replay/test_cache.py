@@ -218,6 +218,7 @@ def test_cost_models_read_only_the_fields_their_cache_keys_hold(h100):
     # the field is added to cache.COMPUTE_FIELDS / NETWORK_FIELDS
     from types import SimpleNamespace
 
+    from comet.graph.ir import OpKind
     from comet.replay.timing import op_time_s
     model, par = _par({"model": "gqa", "tp": 2, "pp": 2, "cp": 2, "gpus": 32, "micro_batch": 1, "global_batch": 32,
                        "recompute": Recompute.SELECTIVE, "zero": 1, "schedule": Schedule.ONE_F_ONE_B, "vpp": 1,
@@ -228,8 +229,13 @@ def test_cost_models_read_only_the_fields_their_cache_keys_hold(h100):
     ops = [op for g in graph.blocks.values() for _, op in g.nodes(data="op")]
     ops += [bs.op for st in graph.stages for bs in st.grad_buckets + st.param_gathers] + [
         op for st in graph.stages for op in st.optimizer]
-    fields = cache.COMPUTE_FIELDS + cache.NETWORK_FIELDS
-    only = SimpleNamespace(**{f: getattr(cluster, f) for f in fields}, levels=cluster.levels)
+    # communication reads only the network, kernels and copies only the GPU side (blocks.py keys them apart)
+    network = SimpleNamespace(**{f: getattr(cluster, f) for f in cache.NETWORK_FIELDS}, levels=cluster.levels)
+    gpu_side = SimpleNamespace(**{f: getattr(cluster, f) for f in cache.COMPUTE_FIELDS})
+    kinds = set()
     with cache.disabled():
         for op in ops:
+            only = network if op.kind in (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV) else gpu_side
             assert op_time_s(op, only, "bf16") == op_time_s(op, cluster, "bf16"), op.name
+            kinds.add(op.kind)
+    assert {OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.MEMCPY} <= kinds and kinds & {OpKind.SEND, OpKind.RECV}
