@@ -65,12 +65,13 @@ def _block_nic_s(g, cluster: ClusterSpec, timed) -> float:
 
 
 def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "",
-                groups: dict | None = None) -> np.ndarray | None:
+                groups: dict | None = None, kinds: tuple | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
     the op's duration; `b_dur[stage, chunk]`: backward task durations; `groups`: stages sharing one
-    StageSync (step._stage_groups), or None (each stage on its own)."""
-    nic = _backward_nic_s(graph, cluster, timed, precision, groups)
+    StageSync (step._stage_groups), or None (each stage on its own); `kinds`: schedule.task_kinds(plan)
+    when the caller has it."""
+    nic = _backward_nic_s(graph, cluster, timed, precision, groups, kinds)
     if nic is None:
         return None
     busy = np.sum(b_dur, axis=1)
@@ -80,7 +81,7 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
 
 
 def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,
-                    groups: dict | None) -> np.ndarray | None:
+                    groups: dict | None, task_kinds_: tuple | None) -> np.ndarray | None:
     """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
     chunk); None when no stage's does."""
     mask = np.zeros(len(graph.stages), dtype=bool)
@@ -90,7 +91,7 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     if not mask.any():
         return None
     plan = graph.plan
-    kinds, _, b_kind = task_kinds(plan)
+    kinds, _, b_kind = task_kinds_ or task_kinds(plan)
     ckey = cache.timing_key(cluster)     # block durations, placement and sends read only these
 
     def block_nic(key: str) -> float:

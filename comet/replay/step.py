@@ -122,10 +122,11 @@ def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
     return cache.facts.get_or(("blocks parts", keys, tuple(map(id, held))), total)[0]
 
 
-def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec, precision: str):
-    """Durations and parts of every (stage, chunk) forward and backward task."""
+def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec, precision: str, task_kinds_):
+    """Durations and parts of every (stage, chunk) forward and backward task; `task_kinds_`:
+    schedule.task_kinds(graph.plan)."""
     plan = graph.plan
-    kinds, f_kind, b_kind = task_kinds(plan)
+    kinds, f_kind, b_kind = task_kinds_
 
     def per_kind() -> tuple[np.ndarray, list]:
         parts_of, dur_of = [], []
@@ -159,7 +160,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     blocks = {k: time_block(g, cluster, precision, keep_block_replays) for k, g in graph.blocks.items()}
     plan = graph.plan
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
-    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster, precision)
+    kinds = task_kinds(plan)
+    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster, precision, kinds)
 
     memo: dict = {}
 
@@ -192,7 +194,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             clock += bs.count * d
         gather_end[stages] = clock
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups)   # NIC shared by DP and backward traffic (contention.py)
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
     tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
                    dp_rate=dp_rate)
     crit = int(np.argmax(tails.end))
