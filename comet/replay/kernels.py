@@ -335,3 +335,40 @@ def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, windo
                 prev = start + shared + (need - done_in_window)
             ends[r, k] = prev
     return ends
+
+
+@njit(cache=True, nogil=True)
+def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray, head: float,
+                         per_layer: float, all_compute: float, n: int, count: int, progressive: bool, dur: float):
+    """The DP stream of stages (rows) whose gradient buckets are one chunk's `count` equal buckets of
+    `dur` seconds: bucket k is ready at start[r] + step.bucket_ready_offsets (the same arithmetic), the
+    stream shares the port as serial_shared_rows. Returns (ends (rows, count), True), or (empty,
+    False) when the offsets are not in bucket order (the caller sorts them)."""
+    offsets = np.empty(count)
+    for k in range(count):
+        if progressive and n > 0 and k < count - 1:
+            offsets[k] = head + np.ceil(((k + 1) * n) / count) * per_layer
+        else:
+            offsets[k] = all_compute
+    for k in range(1, count):
+        if offsets[k] < offsets[k - 1]:
+            return np.empty((0, count)), False
+    rows = start.shape[0]
+    ends = np.empty((rows, count))
+    for r in range(rows):
+        prev = t0[r]
+        w = window_end[r]
+        q = rate[r]
+        for k in range(count):
+            ready = start[r] + offsets[k]
+            begin = ready if ready > prev else prev
+            shared = w - begin
+            if shared < 0.0:
+                shared = 0.0
+            done_in_window = shared * q
+            if dur <= done_in_window:
+                prev = begin + dur / q
+            else:
+                prev = begin + shared + (dur - done_in_window)
+            ends[r, k] = prev
+    return ends, True

@@ -13,6 +13,7 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
+from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
@@ -203,10 +204,9 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                       (f_dur, b_dur, f_release))
 
 
-def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
-    """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
-    backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
-    ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
+def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple[float, float, float, int]:
+    """(output head's backward, mean backward per layer, the chunk's whole backward, layers) of a
+    chunk's last backward task: what bucket_ready_offsets reads of the blocks."""
     plan = graph.plan
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
@@ -215,6 +215,14 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
                                                        else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
+    return float(head), float(per_layer), float(all_compute), int(n)
+
+
+def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
+    """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
+    backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
+    ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
+    head, per_layer, all_compute, n = _bucket_ready_terms(graph, blocks, stage, bs)
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)
     layers_done = np.ceil(np.arange(1, bs.count + 1) * n / bs.count)
@@ -258,6 +266,16 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
         link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
         if not st.grad_buckets:
             continue
+        if len(st.grad_buckets) == 1 and dp_rate is not None and HAVE_NUMBA and not record:
+            # perf: one chunk's equal buckets on a shared port, offsets and stream in one compiled
+            # pass (the generic path below, bit for bit; tests/replay/test_contention.py)
+            bs = st.grad_buckets[0]
+            ends, in_order = shared_bucket_stream(
+                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows],
+                *_bucket_ready_terms(graph, blocks, stages[0], bs), bs.count, bs.progressive, float(t(bs.op)))
+            if in_order:
+                dp_end[rows] = ends[:, -1]
+                continue
         if len(st.grad_buckets) == 1:
             bs = st.grad_buckets[0]
             offsets = bucket_ready_offsets(graph, blocks, stages[0], bs)
