@@ -310,6 +310,20 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
 
 
+@njit(inline="always")
+def _port_end(ready: float, prev: float, window_end: float, rate: float, need: float) -> float:
+    """End of a transfer of `need` port-seconds on a stream free at `prev`, ready at `ready`, at `rate`
+    of the port before `window_end` and the full port after (contention.serial_shared's arithmetic)."""
+    start = ready if ready > prev else prev
+    shared = window_end - start
+    if shared < 0.0:
+        shared = 0.0
+    done_in_window = shared * rate
+    if need <= done_in_window:
+        return start + need / rate
+    return start + shared + (need - done_in_window)
+
+
 @njit(cache=True, nogil=True)
 def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,
                        rate: np.ndarray) -> np.ndarray:
@@ -323,16 +337,7 @@ def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, windo
         q = rate[r if rate.shape[0] > 1 else 0]
         d = r if dur.shape[0] > 1 else 0
         for k in range(cols):
-            start = ready[r, k] if ready[r, k] > prev else prev
-            shared = w - start
-            if shared < 0.0:
-                shared = 0.0
-            done_in_window = shared * q
-            need = dur[d, k]
-            if need <= done_in_window:
-                prev = start + need / q
-            else:
-                prev = start + shared + (need - done_in_window)
+            prev = _port_end(ready[r, k], prev, w, q, dur[d, k])
             ends[r, k] = prev
     return ends
 
@@ -360,15 +365,6 @@ def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarr
         w = window_end[r]
         q = rate[r]
         for k in range(count):
-            ready = start[r] + offsets[k]
-            begin = ready if ready > prev else prev
-            shared = w - begin
-            if shared < 0.0:
-                shared = 0.0
-            done_in_window = shared * q
-            if dur <= done_in_window:
-                prev = begin + dur / q
-            else:
-                prev = begin + shared + (dur - done_in_window)
+            prev = _port_end(start[r] + offsets[k], prev, w, q, dur)
             ends[r, k] = prev
     return ends, True
