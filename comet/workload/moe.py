@@ -3,8 +3,10 @@ all-to-all (or all-gather) token dispatcher (megatron/core/transformer/moe/token
 
   router GEMM (h -> experts) and top-k -> permute (one copy of a token per chosen expert)
   -> dispatch: all-to-all over the EP group -> all-gather over the expert-TP group (etp > 1)
+  -> sort the received rows by local expert (more than one local expert)
   -> grouped expert GEMMs (FC1, activation, FC2) of this rank's experts, each expert's FFN split over etp
-  -> reduce-scatter over etp -> combine: all-to-all back -> unpermute (weighted sum of the k copies)
+  -> restore the source order -> reduce-scatter over etp -> combine: all-to-all back
+  -> unpermute (weighted sum of the k copies)
   -> shared experts (an ordinary TP-split MLP on the rank's own tokens), added to the output.
 
 Token counts per rank and micro-batch: the layer input holds n = T / tp tokens under sequence
@@ -72,6 +74,26 @@ def _grouped_gemm(bb: BlockBuilder, name: str, m: float, n: int, k: float, exper
                       flops=2.0 * m_i * n * k_i * experts, dtype_bytes=1 if fp8 else 2, phase=bb.phase), deps)
 
 
+def sort_chunks_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """HBM bytes of one "permutation 2" of the all-to-all dispatcher: with more than one local expert, the
+    received (and ETP-gathered) rows arrive grouped by source rank and are copied into per-expert order
+    before the grouped GEMM, and back into source order before the combine (Megatron-Core
+    token_dispatcher.py MoEAlltoAllTokenDispatcher: `sort_chunks_by_idxs` by `sort_input_by_local_experts` /
+    `restore_output_by_local_experts`; under drop-and-pad the equivalent reshape-transpose-contiguous of
+    the [ep, local experts, capacity] buffer). A memory-bound gather: every routed row read and written
+    once, in bf16. Its autograd backward is the inverse copy of the same size. The all-gather dispatcher
+    permutes the gathered tokens directly in expert order, so it has no second sort."""
+    local = model.moe.num_experts // par.ep
+    if local <= 1 or par.moe_dispatcher is not Dispatcher.ALLTOALL:
+        return 0.0
+    return 2 * routed_tokens(model, par) * model.hidden * ACT_BYTES
+
+
+def _sort_chunks(bb: BlockBuilder, name: str, model: ModelSpec, deps: Deps) -> Deps:
+    nbytes = sort_chunks_bytes(model, bb.par)
+    return [bb.memory(name, nbytes, deps)] if nbytes else deps
+
+
 def _expert_dims(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int, float]:
     """(local experts, FFN width per expert per rank, gate factor, tokens per local expert)."""
     moe = model.moe
@@ -134,10 +156,12 @@ def moe_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     x = [bb.memory("router.topk_softmax", n * moe.num_experts * ROUTER_LOGIT_BYTES * 3, x)]
     x = [bb.memory("moe.permute", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     x = _exchange(bb, "dispatch", model, x)
+    x = _sort_chunks(bb, "moe.sort_by_expert", model, x)
     rows = m_e * local
     x = [_grouped_gemm(bb, "experts.fc1", m_e, gate * f_local, D.h, local, x + gathered)]
     x = [bb.memory(f"experts.{D.act}", rows * f_local * ACT_BYTES * (gate + 1), x)]
     x = [_grouped_gemm(bb, "experts.fc2", m_e, D.h, f_local, local, x)]
+    x = _sort_chunks(bb, "moe.restore_order", model, x)
     x = _exchange(bb, "combine", model, x)
     x = [bb.memory("moe.unpermute", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     if moe.shared_ffn_hidden:
@@ -157,6 +181,7 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     start = x
     x = [bb.memory("moe.unpermute.bwd", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     x = _exchange(bb, "combine.bwd", model, x)      # gradient of the combine: all-to-all to the experts
+    x = _sort_chunks(bb, "moe.restore_order.bwd", model, x)
     rows = m_e * local
     d2 = _grouped_gemm(bb, "experts.fc2.dgrad", m_e, f_local, D.h, local, x)
     w2 = _grouped_gemm(bb, "experts.fc2.wgrad", f_local, D.h, m_e, local, [d2])
@@ -166,7 +191,8 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     w1 = _grouped_gemm(bb, "experts.fc1.wgrad", gate * f_local, D.h, m_e, local, [d1])
     # The grouped GEMM's backward (dgrad and wgrad) is one autograd node: the all-to-all back waits for
     # both, unless the 1F1B all-to-all overlap splits the wgrad off (Megatron-Core delay_wgrad_compute).
-    x = _exchange(bb, "dispatch.bwd", model, [d1] if par.moe_overlap_a2a else [d1, w1])
+    x = _sort_chunks(bb, "moe.sort_by_expert.bwd", model, [d1] if par.moe_overlap_a2a else [d1, w1])
+    x = _exchange(bb, "dispatch.bwd", model, x)
     x = [bb.memory("moe.permute.bwd", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     rd = bb.gemm("router.dgrad", n, D.h, moe.num_experts, x)
     rw = bb.gemm("router.wgrad", moe.num_experts, D.h, n, [rd])

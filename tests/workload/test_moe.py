@@ -9,7 +9,7 @@ import pytest
 
 from comet.config.cluster import load_cluster
 from comet.config.model import ModelSpec, load_model
-from comet.config.moe import MoESpec
+from comet.config.moe import Dispatcher, MoESpec
 from comet.config.parallel import ParallelConfig, Precision
 from comet.errors import ConfigError
 from comet.evaluate import evaluate
@@ -70,6 +70,25 @@ def test_capacity_factor_and_imbalance_scale_the_busiest_rank():
     skew = _a2a(build_step_graph(TINY, _par(moe_imbalance=1.5)).blocks["moe_layer.fwd"])[0].msg_bytes
     capped = _a2a(build_step_graph(TINY, _par(moe_imbalance=1.5, moe_capacity_factor=1.25)).blocks["moe_layer.fwd"])
     assert skew == 1.5 * base and capped[0].msg_bytes == 1.25 * base
+
+
+def _sorts(block):
+    return {op.name: op.bytes for _, op in ops(block) if "sort_by_expert" in op.name or "restore_order" in op.name}
+
+
+def test_rows_for_several_local_experts_are_sorted_by_expert_and_back():
+    # ep 4 of 8 experts: 2 local experts. 64 tokens x top-2 = 128 routed rows of h = 64 bf16 values,
+    # read and written once per sort: 2 * 128 * 64 * 2 bytes, forward (sort, restore) and backward.
+    hand = 2 * 128 * 64 * 2
+    graph = build_step_graph(TINY, _par())
+    assert _sorts(graph.blocks["moe_layer.fwd"]) == {"moe.sort_by_expert": hand, "moe.restore_order": hand}
+    assert _sorts(graph.blocks["moe_layer.bwd"]) == {"moe.sort_by_expert.bwd": hand, "moe.restore_order.bwd": hand}
+    # tp 2 = etp 2: 32 tokens per rank (SP) x top-2, gathered over etp 2 -> again 128 rows.
+    etp = build_step_graph(TINY, _par(tp=2, dp=4, ep=4, etp=2))
+    assert _sorts(etp.blocks["moe_layer.fwd"]) == {"moe.sort_by_expert": hand, "moe.restore_order": hand}
+    # One local expert (ep 8) needs no sort; the all-gather dispatcher permutes straight into expert order.
+    assert _sorts(build_step_graph(TINY, _par(ep=8)).blocks["moe_layer.fwd"]) == {}
+    assert _sorts(build_step_graph(TINY, _par(moe_dispatcher=Dispatcher.ALLGATHER)).blocks["moe_layer.fwd"]) == {}
 
 
 def test_expert_memory_matches_a_hand_count():
