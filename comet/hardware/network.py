@@ -286,17 +286,48 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
+def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec) -> float:
+    """One send over network level `level` (index into cluster.levels) at one port's rate; `distance`
+    (global ranks between sender and receiver) sets the topology share on a ring dimension."""
+    levels = cluster.levels
+    below = levels[level - 1].size if level > 0 else 1
+    dim = levels[level]
+    ports = dim.size // below if dim.size else 0
+    view = _DimView(dim, 2, 1, max(1, distance // below), ports)
+    return _Cost(msg_bytes / view.rate(msg_bytes, "p2p"), ((dim.latency_s, level == 0),)).time()
+
+
+def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
+    """Index of the innermost level whose domain holds both global ranks a and b."""
+    for i, dim in enumerate(cluster.levels):
+        if dim.size == 0 or a // dim.size == b // dim.size:
+            return i
+    return len(cluster.levels) - 1
+
+
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
     """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*ep*dp): over
     the innermost dimension whose domain holds both ranks, at one port's rate."""
     if msg_bytes <= 0:
         return 0.0
-    below = 1
-    for dim in cluster.levels:
+    for i, dim in enumerate(cluster.levels):
         if dim.size == 0 or distance < dim.size:
-            ports = dim.size // below if dim.size else 0
-            view = _DimView(dim, 2, 1, max(1, distance // below), ports)
-            return _Cost(msg_bytes / view.rate(msg_bytes, "p2p"), ((dim.latency_s, below == 1),)).time()
-        below = dim.size
-    dim = cluster.levels[-1]
-    return _Cost(msg_bytes / _DimView(dim, 2, 1, 1, 0).rate(msg_bytes, "p2p"), ((dim.latency_s, False),)).time()
+            return _hop_time_s(msg_bytes, i, distance, cluster)
+    return _hop_time_s(msg_bytes, len(cluster.levels) - 1, 1, cluster)
+
+
+def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
+    """One step of a ring exchange (context-parallel ring attention, Megatron-Core CP): each of the
+    `size` members, `stride` global ranks apart, sends `msg_bytes` to the next and the last to the
+    first, all at once; the step ends with its slowest hop. A hop runs over the innermost level whose
+    domain holds both of its ends: a ring that spans nodes crosses a node boundary at least twice (the
+    boundary between consecutive members and the wrapping hop), and those hops go through the NIC. A
+    ring inside one domain is one p2p hop at the member stride, as before. The group is placed as
+    Megatron's rank order places the group of rank 0 (members 0, stride, ..., (size-1) stride); every
+    other group of the same shape crosses the same boundaries when domains are multiples of the
+    stride's block, as they are for tp dividing the node."""
+    if msg_bytes <= 0 or size <= 1:
+        return 0.0
+    members = [i * stride for i in range(size)]
+    levels = {_level_holding(a, b, cluster) for a, b in zip(members, members[1:] + members[:1])}
+    return max(_hop_time_s(msg_bytes, level, stride, cluster) for level in levels)

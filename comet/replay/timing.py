@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from comet.config.cluster import ClusterSpec
-from comet.graph.ir import Collective, Op, OpKind
+from comet.graph.ir import Collective, GroupKind, Op, OpKind
 from comet.hardware.compute import compute_op_time_s, offload_time_s
-from comet.hardware.network import collective_time_s, p2p_time_s
+from comet.hardware.network import collective_time_s, p2p_time_s, ring_exchange_time_s
 
 
 def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
@@ -14,6 +14,9 @@ def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     if op.kind is OpKind.COLLECTIVE:
         return collective_time_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
                                  op.group_stride, cluster, flat=op.flat_ring)
+    if op.kind in (OpKind.SEND, OpKind.RECV) and op.group_kind is GroupKind.CP:
+        # the CP ring exchange: every member sends at once; the slowest hop (a node crossing) sets it
+        return ring_exchange_time_s(op.msg_bytes, op.group_size, op.group_stride, cluster)
     if op.kind in (OpKind.SEND, OpKind.RECV):
         return p2p_time_s(op.msg_bytes, op.group_stride, cluster)
     if op.kind is OpKind.MEMCPY:

@@ -173,3 +173,24 @@ def test_flat_ring_runs_the_whole_group_at_one_nic_per_gpu(h100):
     assert collective_time_s(Collective.ALL_GATHER, GB, 4, 1, c, flat=True) == pytest.approx(
         collective_time_s(Collective.ALL_GATHER, GB, 4, 1, c))
     assert chosen_algorithm(Collective.ALL_GATHER, GB, 8, 1, c, flat=True)[0] == "flat_ring"
+
+
+def test_cp_ring_spanning_nodes_runs_at_the_nic_rate_and_a_ring_inside_a_node_is_unchanged(h100):
+    from comet.graph.ir import GroupKind, Op, OpKind
+    from comet.hardware.network import ring_exchange_time_s
+    from comet.replay.timing import op_time_s
+    c = tiny(h100, node=8)        # 8 GPUs per node at 100 GB/s, a 10 GB/s NIC per GPU, ideal links
+    # cp 16 (tp 1) over 2 nodes of 8: hops 7->8 and the wrapping hop 15->0 cross the fabric, so the
+    # step (all hops at once) takes 1 GB / 10 GB/s; the member-stride p2p would say 1 GB / 100 GB/s
+    assert ring_exchange_time_s(GB, 16, 1, c) == pytest.approx(SIMPLE_BASE + GB / 10e9)
+    assert p2p_time_s(GB, 1, c) == pytest.approx(SIMPLE_BASE + GB / 100e9)
+    # tp 8 x cp 2: both hops (0->8, 8->0) cross the fabric
+    assert ring_exchange_time_s(GB, 2, 8, c) == pytest.approx(SIMPLE_BASE + GB / 10e9)
+    # tp 2 x cp 4 inside one node: every hop (and the wrap 6->0) on NVLink, as the stride p2p said
+    assert ring_exchange_time_s(GB, 4, 2, c) == pytest.approx(SIMPLE_BASE + GB / 100e9) == p2p_time_s(GB, 2, c)
+    # the replay times a CP send with it; a pipeline send keeps the stride p2p
+    cp_send = Op("attention.cp_exchange[0]", OpKind.SEND, msg_bytes=GB, group_kind=GroupKind.CP,
+                 group_size=16, group_stride=1)
+    pp_send = Op("pp.send", OpKind.SEND, msg_bytes=GB, group_kind=GroupKind.PP, group_size=2, group_stride=1)
+    assert op_time_s(cp_send, c, "bf16") == pytest.approx(SIMPLE_BASE + GB / 10e9)
+    assert op_time_s(pp_send, c, "bf16") == pytest.approx(SIMPLE_BASE + GB / 100e9)
