@@ -96,13 +96,19 @@ class _DimView:
     stride: int            # distance between consecutive members, in ports of this dimension
     ports: int             # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
 
-    def rate(self, chunk_bytes: float, kind: str, ramp: bool = True) -> float:
-        """Bytes per second the group's traffic gets through this dimension, per inner domain, when
-        each step moves `chunk_bytes` per rank (pipelining and per-message overheads: eff(chunk));
-        `ramp=False`: the plateau rate, without the per-step fill."""
+    def rates(self, chunk_bytes: float, kind: str) -> tuple[float, float]:
+        """(rate, plateau rate): bytes per second the group's traffic gets through this dimension, per
+        inner domain, when each step moves `chunk_bytes` per rank (pipelining and per-message
+        overheads: eff(chunk)), and the same without the per-step fill."""
         d = self.dim
-        eff = d.bus_efficiency * (chunk_bytes / (chunk_bytes + d.half_efficiency_bytes) if ramp else 1.0)
-        return self.inner * d.bandwidth * eff * _topology_share(self, kind) / d.oversubscription
+        plateau = self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind) / d.oversubscription
+        return plateau * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes), plateau
+
+
+def _slowest(views: list[_DimView], chunk_bytes: float, kind: str) -> tuple[float, float]:
+    """(rate, plateau rate) of the slowest of `views`."""
+    rates = [v.rates(chunk_bytes, kind) for v in views]
+    return min(r for r, _ in rates), min(p for _, p in rates)
 
 
 def _topology_share(v: _DimView, kind: str) -> float:
@@ -186,8 +192,7 @@ class _Cost:
 def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
     n = math.prod(v.n for v in views)
     passes = 2 if kind is Collective.ALL_REDUCE else 1
-    rate = min(v.rate(msg / n, "ring") for v in views)    # each ring step moves 1/n of the buffer
-    plateau = min(v.rate(msg / n, "ring", ramp=False) for v in views)
+    rate, plateau = _slowest(views, msg / n, "ring")    # each ring step moves 1/n of the buffer
     # Latency: a ring visiting k sub-domains of a level crosses k boundaries per pass; a crossing
     # counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes for
     # all-reduce), the remaining of the n-1 steps per pass are inner hops.
@@ -198,19 +203,22 @@ def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
         counted += k - outer_crossings
         outer_crossings = k
     hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, len(views) == 1 or True))
-    return _Cost(passes * (n - 1) / n * msg / rate, tuple(hops), plateau_s=passes * (n - 1) / n * msg / plateau)
+    moved = passes * (n - 1) / n * msg
+    return _Cost(moved / rate, tuple(hops), plateau_s=moved / plateau)
 
 
-def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool, ramp: bool = True) -> tuple[float, list]:
-    """(bandwidth time, hops) of a double-binary-tree all-reduce between the domains of `outer`. With
+def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, float, list]:
+    """(bandwidth time, the same at the plateau rate, hops) of a double-binary-tree all-reduce between the domains of `outer`. With
     NVLS inside the domain each domain's NICs carry the buffer once per direction between two
     domains, twice with more (a node is interior in one of the two trees); NCCL's plain tree runs at
-    half its bus rate whatever the node count (tuning.cc: tree algorithm bandwidth = busBw / 2)."""
+    half its bus rate whatever the node count (tuning.cc: tree algorithm bandwidth = busBw / 2); the
+    tree's links at TREE_BUS_FACTOR."""
     domains = math.prod(v.n for v in outer)
     per_direction = 1.0 if nvls and domains <= 2 else 2.0
-    rate = min(v.rate(msg, "tree", ramp) for v in outer)
+    rate, plateau = _slowest(outer, msg, "tree")
     hops = [(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in outer]
-    return per_direction * msg / (rate * TREE_BUS_FACTOR), hops
+    moved = per_direction * msg / TREE_BUS_FACTOR
+    return moved / rate, moved / plateau, hops
 
 
 def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
@@ -236,7 +244,8 @@ PIPELINE_ROUND_BYTES = 64 * 2**20
 
 def _pipelined(stage_a: float, stage_b: float, msg_bytes: float) -> float:
     """Time of two pipelined stages over a buffer of msg_bytes (see PIPELINE_ROUND_BYTES)."""
-    return max(stage_a, stage_b) + min(stage_a, stage_b) * min(1.0, PIPELINE_ROUND_BYTES / msg_bytes)
+    overlap_lost = min(1.0, PIPELINE_ROUND_BYTES / msg_bytes) if msg_bytes > 0 else 1.0
+    return max(stage_a, stage_b) + min(stage_a, stage_b) * overlap_lost
 
 
 def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
@@ -265,8 +274,9 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
         for v in views:
             # bytes each member sends to peers reached through this dimension (not inside its sub-domain)
             outside = (v.inner * v.n - v.inner) / size
-            t = max(t, outside * msg_bytes / (v.rate(msg_bytes / size, "direct") / v.inner))
-            plateau = max(plateau, outside * msg_bytes / (v.rate(msg_bytes / size, "direct", ramp=False) / v.inner))
+            rate, plateau_rate = v.rates(msg_bytes / size, "direct")
+            t = max(t, outside * msg_bytes * v.inner / rate)
+            plateau = max(plateau, outside * msg_bytes * v.inner / plateau_rate)
         hops = tuple(((v.n - 1) * v.dim.latency_s, v is views[0] and len(views) == 1) for v in views)
         return {"direct": _Cost(t, hops, plateau_s=plateau).time()}
     ring = _ring(kind, msg_bytes, views).time()
@@ -289,25 +299,25 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
             out["nvls"] = _Cost(msg_bytes / _nvls_rate(d0, msg_bytes), nvls_hops, nvls=True).time()
         return out or {"ring": ring}
     chain = ((2 * (domain.n - 1) * d0.latency_s, True),) if in_domain else ()
-    intra = msg_bytes / domain.rate(msg_bytes, "ring") if in_domain else 0.0
-    intra_plateau = msg_bytes / domain.rate(msg_bytes, "ring", ramp=False) if in_domain else 0.0
+    intra, intra_plateau = (msg_bytes / r for r in domain.rates(msg_bytes, "ring")) if in_domain else (0.0, 0.0)
     if all(v.dim.in_network_reduction for v in between) and _allowed(top, A.SHARP):
         # the switches reduce: each domain sends and receives the buffer once, whatever the node count
-        net = msg_bytes / min(v.rate(msg_bytes, "tree") for v in between)
-        net_plateau = msg_bytes / min(v.rate(msg_bytes, "tree", ramp=False) for v in between)
+        net, net_plateau = (msg_bytes / r for r in _slowest(between, msg_bytes, "tree"))
         hops = tuple((2 * v.dim.latency_s, False) for v in between)
         if has_nvls:
-            out["sharp"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), net, msg_bytes), nvls_hops + hops, nvls=True).time()
+            out["sharp"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), net, msg_bytes), nvls_hops + hops,
+                                 nvls=True).time()
         else:
-            out["sharp"] = _Cost(_pipelined(intra, net, msg_bytes), chain + hops, plateau_s=_pipelined(intra_plateau, net_plateau, msg_bytes)).time()
+            out["sharp"] = _Cost(_pipelined(intra, net, msg_bytes), chain + hops,
+                                 plateau_s=_pipelined(intra_plateau, net_plateau, msg_bytes)).time()
     if _allowed(top, A.TREE):
-        bw, hops = _tree_between_domains(msg_bytes, between, nvls=False)
-        bw_plateau, _ = _tree_between_domains(msg_bytes, between, nvls=False, ramp=False)
+        bw, bw_plateau, hops = _tree_between_domains(msg_bytes, between, nvls=False)
         out["tree"] = _Cost(_pipelined(intra, bw, msg_bytes), chain + tuple(hops), tree=True,
                             plateau_s=_pipelined(intra_plateau, bw_plateau, msg_bytes)).time()
     if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
-        bw, hops = _tree_between_domains(msg_bytes, between, nvls=True)
-        out["nvls_tree"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), bw, msg_bytes), nvls_hops + tuple(hops), nvls=True).time()
+        bw, _, hops = _tree_between_domains(msg_bytes, between, nvls=True)
+        out["nvls_tree"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), bw, msg_bytes),
+                                 nvls_hops + tuple(hops), nvls=True).time()
     return out or {"ring": ring}
 
 
@@ -337,8 +347,8 @@ def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpe
     dim = levels[level]
     ports = dim.size // below if dim.size else 0
     view = _DimView(dim, 2, 1, max(1, distance // below), ports)
-    return _Cost(msg_bytes / view.rate(msg_bytes, "p2p"), ((dim.latency_s, level == 0),),
-                 plateau_s=msg_bytes / view.rate(msg_bytes, "p2p", ramp=False)).time()
+    rate, plateau = view.rates(msg_bytes, "p2p")
+    return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
 
 
 def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
