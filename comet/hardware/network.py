@@ -208,11 +208,11 @@ def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
 
 
 def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, float, list]:
-    """(bandwidth time, the same at the plateau rate, hops) of a double-binary-tree all-reduce between the domains of `outer`. With
-    NVLS inside the domain each domain's NICs carry the buffer once per direction between two
-    domains, twice with more (a node is interior in one of the two trees); NCCL's plain tree runs at
-    half its bus rate whatever the node count (tuning.cc: tree algorithm bandwidth = busBw / 2); the
-    tree's links at TREE_BUS_FACTOR."""
+    """(bandwidth time, the same at the plateau rate, hops) of a double-binary-tree all-reduce
+    between the domains of `outer`. With NVLS inside the domain each domain's NICs carry the buffer
+    once per direction between two domains, twice with more (a node is interior in one of the two
+    trees); NCCL's plain tree runs at half its bus rate whatever the node count (tuning.cc: tree
+    algorithm bandwidth = busBw / 2); the tree's links at TREE_BUS_FACTOR."""
     domains = math.prod(v.n for v in outer)
     per_direction = 1.0 if nvls and domains <= 2 else 2.0
     rate, plateau = _slowest(outer, msg, "tree")
