@@ -194,3 +194,29 @@ def test_cp_ring_spanning_nodes_runs_at_the_nic_rate_and_a_ring_inside_a_node_is
     pp_send = Op("pp.send", OpKind.SEND, msg_bytes=GB, group_kind=GroupKind.PP, group_size=2, group_stride=1)
     assert op_time_s(cp_send, c, "bf16") == pytest.approx(SIMPLE_BASE + GB / 10e9)
     assert op_time_s(pp_send, c, "bf16") == pytest.approx(SIMPLE_BASE + GB / 100e9)
+
+
+def test_two_stage_algorithms_pipeline_in_rounds(h100):
+    from comet.config.cluster import CollectiveAlgorithm
+    from comet.hardware.network import PIPELINE_ROUND_BYTES, TREE_BUS_FACTOR, TREE_PROTOCOLS
+    c = with_algorithm(tiny(h100), CollectiveAlgorithm.TREE)   # 2 nodes of 4: chain in the node, tree between
+    base = TREE_PROTOCOLS["simple"][1]
+    for msg in (GB, PIPELINE_ROUND_BYTES / 4):
+        intra = msg / 100e9                                    # the node's chain at NVLink rate
+        net = 2 * msg / (4 * 10e9 * TREE_BUS_FACTOR)           # 2x the buffer per direction over 4 NICs
+        # a buffer larger than a round overlaps the stages but for the first round; one of a
+        # quarter round runs them one after the other
+        lost = min(1.0, PIPELINE_ROUND_BYTES / msg)
+        assert collective_time_s(Collective.ALL_REDUCE, msg, 8, 1, c) == pytest.approx(base + net + intra * lost)
+    assert lost == 1.0
+
+
+def test_protocol_factor_slows_the_payload_not_the_fill(h100):
+    # ring all-gather of 1 KiB over 4 GPUs at 100 GB/s, no latency, half efficiency at 1 MB per step:
+    # the fill is 3 steps x 1 MB / 100 GB/s = 30 us for every protocol; LL moves the payload at 1/4 of
+    # the rate and wins on its launch latency (6.6 us vs Simple's 8.4 us)
+    c = tiny(h100)
+    c = dataclasses.replace(c, network=(dataclasses.replace(c.network[0], half_efficiency_bytes=1e6),) + c.network[1:])
+    ll_factor, ll_base = PROTOCOLS["ll"][:2]
+    expected = ll_base + 0.75 * 1024 / (100e9 * ll_factor) + 3 * 1e6 / 100e9
+    assert collective_time_s(Collective.ALL_GATHER, 1024, 4, 1, c) == pytest.approx(expected)
