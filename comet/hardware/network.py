@@ -44,7 +44,8 @@ time per pipeline step (half_efficiency_bytes at the plateau rate), so a protoco
 (LL 1/4, LL128 120/128) slows the payload, not the fill (_Cost). The tree between domains runs at
 0.92 of its links (TREE_BUS_FACTOR, tuning.cc). Algorithms with a stage inside the node and one
 between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of PIPELINE_ROUND_BYTES: a
-buffer of a round or less pays both stages, a large one the slower stage.
+buffer of a round or less pays both stages, a large one the slower stage. A tree also pays its
+depth: one chunk per stage up and down before its pipeline runs full (_depth_fill_s).
 
 Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks;
 `ring_exchange_time_s` times one step of a ring exchange (context parallelism) at its slowest hop,
@@ -238,7 +239,7 @@ def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
 # stages one after the other and a large one overlaps them (time = slower stage + faster stage x
 # round / buffer). nccl-tests on 2-4 nodes of 8 H100 (collectives.csv, nccl-tests#309) show this:
 # at 64 MB NVLSTree takes about the NVLS time plus the network time, from 1 GB the slower of the two.
-# Not fitted: 32-128 MiB give the same error on those rows (16.2-15.9% MAPE).
+# Not fitted to the rows: 32, 64 and 128 MiB give 15.3, 15.1 and 15.1% MAPE on collectives.csv.
 PIPELINE_ROUND_BYTES = 64 * 2**20
 
 
@@ -246,6 +247,19 @@ def _pipelined(stage_a: float, stage_b: float, msg_bytes: float) -> float:
     """Time of two pipelined stages over a buffer of msg_bytes (see PIPELINE_ROUND_BYTES)."""
     overlap_lost = min(1.0, PIPELINE_ROUND_BYTES / msg_bytes) if msg_bytes > 0 else 1.0
     return max(stage_a, stage_b) + min(stage_a, stage_b) * overlap_lost
+
+
+def _depth_fill_s(msg_bytes: float, between: list[_DimView], chain: int, d0: NetworkDim) -> float:
+    """Pipeline fill of a tree: a buffer pipelined through a tree in chunks reaches the far end
+    after one chunk has crossed every stage on the way up and down (Sanders, Speck & Traeff 2009:
+    T = (chunks + depth - 1) x per-chunk time), so the depth adds one chunk per stage at one link's
+    rate: 2 log2(domains) network stages, and for the plain tree 2 (chain - 1) NVLink stages of the
+    chain inside the node. The chunk is the dimension's step (half_efficiency_bytes), or the whole
+    buffer when that is smaller."""
+    def stage_s(dim: NetworkDim) -> float:
+        return min(msg_bytes, dim.half_efficiency_bytes) / (dim.bandwidth * dim.bus_efficiency)
+    fill = sum(2 * math.ceil(math.log2(v.n)) * stage_s(v.dim) for v in between)
+    return fill + (2 * (chain - 1) * stage_s(d0) if chain > 1 else 0.0)
 
 
 def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
@@ -312,11 +326,13 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
                                  plateau_s=_pipelined(intra_plateau, net_plateau, msg_bytes)).time()
     if _allowed(top, A.TREE):
         bw, bw_plateau, hops = _tree_between_domains(msg_bytes, between, nvls=False)
-        out["tree"] = _Cost(_pipelined(intra, bw, msg_bytes), chain + tuple(hops), tree=True,
+        fill = _depth_fill_s(msg_bytes, between, domain.n if in_domain else 1, d0)
+        out["tree"] = _Cost(_pipelined(intra, bw, msg_bytes) + fill, chain + tuple(hops), tree=True,
                             plateau_s=_pipelined(intra_plateau, bw_plateau, msg_bytes)).time()
     if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
         bw, _, hops = _tree_between_domains(msg_bytes, between, nvls=True)
-        out["nvls_tree"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), bw, msg_bytes),
+        fill = _depth_fill_s(msg_bytes, between, 1, d0)    # the NVLS stage's own fill is in its ramp
+        out["nvls_tree"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), bw, msg_bytes) + fill,
                                  nvls_hops + tuple(hops), nvls=True).time()
     return out or {"ring": ring}
 

@@ -220,3 +220,22 @@ def test_protocol_factor_slows_the_payload_not_the_fill(h100):
     ll_factor, ll_base = PROTOCOLS["ll"][:2]
     expected = ll_base + 0.75 * 1024 / (100e9 * ll_factor) + 3 * 1e6 / 100e9
     assert collective_time_s(Collective.ALL_GATHER, 1024, 4, 1, c) == pytest.approx(expected)
+
+
+def test_a_tree_pays_one_chunk_per_stage_of_its_depth(h100):
+    from comet.config.cluster import CollectiveAlgorithm
+    from comet.hardware.network import PIPELINE_ROUND_BYTES, TREE_BUS_FACTOR, TREE_PROTOCOLS
+    # 4 nodes of 4 GPUs; the fabric's step chunk is 1 MB (NVLink's 0): the tree between the 4 nodes is
+    # 2 levels deep, so a chunk crosses 2 x 2 network stages (up and down) before the pipeline runs
+    # full: 4 x 1 MB / 10 GB/s = 0.4 ms on top of the pipelined stages
+    c = tiny(h100)
+    fabric = dataclasses.replace(c.network[1], half_efficiency_bytes=1e6)
+    c = with_algorithm(dataclasses.replace(c, network=(c.network[0], fabric)), CollectiveAlgorithm.TREE)
+    intra = GB / 100e9
+    net = 2 * (GB + 1e6) / (4 * 10e9 * TREE_BUS_FACTOR)       # eff(1 GB) = GB / (GB + 1 MB)
+    stages = max(intra, net) + min(intra, net) * PIPELINE_ROUND_BYTES / GB
+    expected = TREE_PROTOCOLS["simple"][1] + stages + 4 * 1e6 / 10e9
+    assert collective_time_s(Collective.ALL_REDUCE, GB, 16, 1, c) == pytest.approx(expected)
+    # a buffer smaller than the chunk is one chunk: 4 stages x 64 KB
+    small = algorithm_times(Collective.ALL_REDUCE, 65536, 16, 1, c)["tree"]
+    assert small > 4 * 65536 / 10e9 and small < 4 * 1e6 / 10e9
