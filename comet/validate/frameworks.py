@@ -20,9 +20,10 @@ Sources of the defaults:
   gradients reduced in BF16 (`grad_reduce_in_fp32: false` / `grad_sync_dtype: bf16`), micro-batch 1.
 - torchtitan (`torchtitan/config/job_config.py`): FSDP2 (ZeRO 3), selective activation checkpointing,
   `mixed_precision_reduce = float32`, FSDP2 prefetches the next module's all-gather, no vocab padding,
-  SDPA flash attention, sequence parallel with TP.
+  SDPA flash attention (FlashAttention-2 kernels: `attention_kernel` fa2), sequence parallel with TP.
 - llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
-  FSDP default), bf16, flash attention, no vocab padding (MPT configs already pad to 50368).
+  FSDP default), bf16, flash attention (`attn_impl: flash`, the flash-attn 2 package: fa2), no vocab padding
+  (MPT configs already pad to 50368).
 - MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash;
   `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
 - torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
@@ -64,6 +65,7 @@ class FrameworkDefaults:
     fp8_recipe: str = "delayed"
     fp8_impl: str = "te"                     # Transformer Engine; torchtitan uses torchao Float8Linear
     selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
+    attention_kernel: str = "fused"          # TE / cuDNN fused attention; fa2: PyTorch SDPA / flash-attn 2
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
@@ -101,10 +103,11 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     # weights (a different byte count): no BF16-state step for it
     "megatron-bridge": replace(_NEMO, key="megatron-bridge", bf16_optimizer_state=False),
     "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
-                                    selective_policy="op_sac", fp8_impl="torchao",
+                                    selective_policy="op_sac", fp8_impl="torchao", attention_kernel="fa2",
                                     flops_formula="palm_6n"),
     "automodel": FrameworkDefaults("automodel", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
     "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, overlap_param_gather=False, vocab_pad_to=1,
+                                     attention_kernel="fa2",
                                      flops_formula="llm_foundry"),
     "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
                                  selective_policy="save_qkv"),

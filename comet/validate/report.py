@@ -40,9 +40,10 @@ LIMITATIONS = (
     "compiled kernels' fusion are not modelled (the 96 GB HBM is), so these rows are predicted fast.",
     "MaxText `selective` is read as remat_policy save_qkv_proj and torchtitan `selective` as per-op SAC; a run "
     "with another policy saves a different set of tensors.",
-    "One hardware parameter set per GPU serves every software stack; stack-specific costs (elementwise "
-    "fusion, host overhead per layer, attention kernel generation) are not modelled per stack, so the "
-    "remaining bias splits by framework (see 'Residuals by regime').",
+    "One hardware parameter set per GPU serves every software stack; of the stack-specific costs, the "
+    "attention kernel generation (fused TE / cuDNN vs FlashAttention-2 in torchtitan and llm-foundry) and "
+    "torchao's dynamic-scaling FP8 casts are modelled, elementwise fusion and host overhead per layer are "
+    "not, so the remaining bias splits by framework (see 'Residuals by regime').",
     "Korthikanti's micro-batch-level selective recompute (App. C) is modelled as plain selective recompute "
     "(it skips recompute for some micro-batches; +0.4-0.9 MFU points in the paper).",
     "Rows of one run reported as two metrics (iteration time and MFU, or step time and time to train) are "
