@@ -27,12 +27,15 @@ LIMITATIONS = (
     "(tokens/s) of the training steps only, so these rows read 10-25% fast while the same runs' iteration "
     "times are closer.",
     "Cells a source leaves empty take the framework's documented default, which is not always what the run "
-    "used: dgxc Nemotron-4 340B rows without `vpp` are modelled without interleaving (the same recipe with vpp "
-    "12 is within 5%). Where a default does not fit, the memory-knob ladder picks the least memory-saving "
+    "used. Where a default does not fit, the memory-knob ladder picks the least memory-saving "
     "setting that does; the run may have used a different one (e.g. BF16 optimizer state instead of FP8 "
     "weights): the choice is listed per row.",
     "A layout the source does not state is the fastest feasible one under comet's own model, so these rows "
-    "measure comet's optimum against a tuned run, not the run's configuration. Rows without a global batch "
+    "measure comet's optimum against a tuned run, not the run's configuration. The same holds for an empty "
+    "`vpp` on a framework that interleaves: dgxc Nemotron-4 340B and NeMo GPT-3 175B get vpp 12, what other "
+    "releases of those recipes state; SC21 Table 1 and the Megatron-LM README rows (which state the "
+    "interleaved schedule or none) get depths 2-23 and read 2-17% fast, as the efficiency parameters were "
+    "last fitted with those rows at vpp 1. Rows without a global batch "
     "(NeMo Launcher GPT-3 175B) or a vocabulary (NeMo Nemotron-8B/22B: the launcher yaml leaves the tokenizer "
     "empty) stay skipped: both set the step's work (batch; output-layer FLOPs and memory), and no generic "
     "default stands in for them.",
