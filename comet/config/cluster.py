@@ -8,7 +8,14 @@ import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from comet.config.loader import at_least, fraction, from_dict, non_negative, positive, read_yaml
+from comet.config.loader import (
+    at_least,
+    fraction,
+    from_dict,
+    non_negative,
+    positive,
+    read_yaml,
+)
 from comet.errors import ConfigError
 
 
@@ -200,7 +207,7 @@ class ClusterSpec:
         """The network with every fabric tier as its own level (what collectives are placed on)."""
         return network_levels(self.network)
 
-    def with_changes(self, **changes) -> "ClusterSpec":
+    def with_changes(self, **changes) -> ClusterSpec:
         return replace(self, **changes)
 
 
@@ -263,6 +270,8 @@ def read_cluster_document(path: Path, seen: tuple[Path, ...] = ()) -> dict:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    from comet.config.cluster_checks import check_cluster   # cross-field rules of the file
+    from comet.config.cluster_checks import (
+        check_cluster,  # cross-field rules of the file
+    )
     path = Path(resolve_cluster_path(path))
     return check_cluster(from_dict(ClusterSpec, read_cluster_document(path), source=str(path)), str(path))
