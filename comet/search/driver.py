@@ -178,13 +178,17 @@ class _State:
         self.resumed = 0
         self.rows: dict[str, dict] = {}
 
-    def record(self, cand: Candidate, result: Result, attempts: int) -> None:
-        rec = res_io.make_record(cand, result, attempts)
-        rec["fp"] = self.fingerprint
-        self.journal.append(rec)
-        self.done[cand.key] = rec
-        self.evaluated_now += 1
-        self.progress.advance(self.row(cand.key))
+    def record(self, finished) -> None:
+        """Journal a finished chunk [(candidate, result, attempts)] in one write, then report each."""
+        for cand, result, attempts in finished:
+            rec = res_io.make_record(cand, result, attempts)
+            rec["fp"] = self.fingerprint
+            self.journal.append(rec)
+            self.done[cand.key] = rec
+        self.journal.flush()
+        for cand, _, _ in finished:
+            self.evaluated_now += 1
+            self.progress.advance(self.row(cand.key))
 
     def row(self, key: str) -> dict:
         if key not in self.rows:
@@ -294,8 +298,7 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
             executor.submit(chunk)
         if executor.in_flight == 0:
             return
-        for cand, result, attempts in executor.wait():
-            state.record(cand, result, attempts)
+        state.record(executor.wait())
 
 
 def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials, deadline, opts) -> None:
@@ -334,8 +337,7 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
         for i in range(0, len(pending), size):
             executor.submit(pending[i:i + size])
         while executor.in_flight:
-            for cand, result, attempts in executor.wait():
-                state.record(cand, result, attempts)
+            state.record(executor.wait())
         first_ask: set[str] = set()
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
             if out_ is None:        # told by the killed run before it died
@@ -366,7 +368,8 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     from comet.search import plots, summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
-    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster))
+    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster),
+                         row=lambda rec: state.row(rec["key"]))
     front = res_io.pareto_rows(df, space)
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
