@@ -74,6 +74,7 @@ class StudyOutcome:
     files: list[Path]
     base_note: str = ""          # how the base was grounded (e.g. per-class factors from a profiler trace)
     where: str = ""              # where it ran: private local Ray, a cluster address, or this process
+    phases: dict = field(default_factory=dict)   # wall seconds: start-up, evaluation, writing (before summary.md)
 
 
 # ----------------------------------------------------------------------------- context
@@ -177,6 +178,7 @@ class _State:
         self.evaluated_now = 0
         self.resumed = 0
         self.rows: dict[str, dict] = {}
+        self.t_start = self.t_end = None    # monotonic: evaluation began (executor up, candidates listed), ended
 
     def record(self, finished) -> None:
         """Journal a finished chunk [(candidate, result, attempts)] in one write, then report each."""
@@ -240,6 +242,7 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
         if executor is not None:
             executor.cancel()
     finally:
+        state.t_end = time.monotonic()
         state.journal.compact()
         if executor is not None:
             executor.close()
@@ -251,9 +254,10 @@ def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
     if opts.chunk_size:
         return opts.chunk_size
     if executor.name == "serial" or not remaining:
-        return 8
-    # perf: ~8 chunks per worker balances the tail; at most 32 candidates per task
-    return max(1, min(32, remaining // (8 * executor.capacity) or 1))
+        return 32      # the journal is written once per chunk: a kill -9 loses at most this many results
+    # perf: a Ray task costs milliseconds of scheduling and transfer: chunks of up to 256 candidates
+    # amortise it, and at least ~6 chunks per worker keep the tail balanced
+    return max(1, min(256, remaining // (6 * getattr(executor, "workers", executor.capacity)) or 1))
 
 
 def _run_stream(space, factory, state: _State, executor, seed, trials, deadline, opts) -> None:
@@ -267,10 +271,12 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
         done = len(state.scope & state.done.keys())
         total, cands = len(listed) - done, iter(listed)
         opts.progress.start(total, done)
+        state.t_start = time.monotonic()
     else:
         state.scope = set()
         cands, total = random_candidates(space, factory, seed), trials
         opts.progress.start(total, 0)
+        state.t_start = time.monotonic()
     size = _chunk_size(opts, executor, total)
     taken = 0          # candidates proposed so far that count toward the trial budget
     exhausted = False
@@ -309,6 +315,7 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
     opened = proposer.open_round()              # a round a killed run left open is completed first
     counted = proposer.evaluated_before - (opened[3] if opened else 0)
     opts.progress.start(trials if trials < 10**9 else None, proposer.evaluated_before)
+    state.t_start = time.monotonic()
     asks = proposer.asked_before
     while counted < trials and asks < 20 * trials + 100:
         if opened is not None:
@@ -380,11 +387,14 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
         if opts.timelines:
             files += _write_timelines(space, ctx, state, df, front, out)
     wall_s = time.monotonic() - t0
+    start = (state.t_start or state.t_end) - t0
+    phases = {"start-up": start, "evaluation": state.t_end - t0 - start, "writing": wall_s - (state.t_end - t0)}
     errors = int((df["status"] == "error").sum()) if not df.empty else 0
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
                            resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
                            budget_stop=state.budget_stop, files=files,
-                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where)
+                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where,
+                           phases=phases)
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 

@@ -51,6 +51,13 @@ def _run_chunk(ctx: EvalContext, chunk: list[Candidate]):
     return evaluate_chunk(ctx, chunk)
 
 
+def _warm(ctx: EvalContext) -> None:
+    """Run once per worker while the driver lists the candidates: imports the evaluation code, so the
+    first chunk does not pay for it."""
+    if ctx.evaluate_fn is None:
+        import comet.evaluate  # noqa: F401
+
+
 class RayExecutor:
     """Chunks as Ray tasks, on a private local Ray with `workers` CPUs or on the cluster at `address`
     (comet/search/ray_runtime.py). `where` says which, for the run's first line and summary.md."""
@@ -82,6 +89,8 @@ class RayExecutor:
         self._ctx_ref = ray.put(ctx)              # model, cluster, base graph: shipped once
         self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
         self._pending: dict = {}                  # ObjectRef -> (chunk, attempt)
+        warm = ray.remote(num_cpus=1, max_retries=0)(_warm)
+        self._warming = [warm.remote(self._ctx_ref) for _ in range(self.workers)]   # not waited for
 
     def _catch_sigterm(self) -> None:
         """A `kill PID` of the search ends it like Ctrl-C: results saved, Ray shut down, no orphans."""
