@@ -178,6 +178,7 @@ class _State:
         self.evaluated_now = 0
         self.resumed = 0
         self.rows: dict[str, dict] = {}
+        self.where = ""                           # where the candidates are evaluated
         self.t_start = self.t_end = None    # monotonic: evaluation began (executor up, candidates listed), ended
 
     def record(self, finished) -> None:
@@ -191,6 +192,11 @@ class _State:
         for cand, _, _ in finished:
             self.evaluated_now += 1
             self.progress.advance(self.row(cand.key))
+
+    def placed(self, executor) -> None:
+        """Once the candidates are listed: where they run (waits for a Ray still starting)."""
+        self.where = executor.where
+        self.progress.placed(self.where)
 
     def row(self, key: str) -> dict:
         if key not in self.rows:
@@ -228,11 +234,8 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
     executor = None
     interrupted = False
-    where = ""
     try:
-        executor = make_executor(opts.executor, ctx, opts.workers, opts.address)
-        where = executor.where
-        opts.progress.placed(where)
+        executor = make_executor(opts.executor, ctx, opts.workers, opts.address)   # Ray: starts in the background
         if space.method.uses_optuna:
             _run_optuna(space, factory, state, executor, out, seed, trials, deadline, opts)
         else:
@@ -247,7 +250,7 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
         if executor is not None:
             executor.close()
         opts.progress.finish()
-    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts, where)
+    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts, state.where)
 
 
 def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
@@ -270,11 +273,13 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
         state.scope = {c.key for c in listed}
         done = len(state.scope & state.done.keys())
         total, cands = len(listed) - done, iter(listed)
+        state.placed(executor)
         opts.progress.start(total, done)
         state.t_start = time.monotonic()
     else:
         state.scope = set()
         cands, total = random_candidates(space, factory, seed), trials
+        state.placed(executor)
         opts.progress.start(total, 0)
         state.t_start = time.monotonic()
     size = _chunk_size(opts, executor, total)
@@ -314,6 +319,7 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
     trials = trials or 10**9
     opened = proposer.open_round()              # a round a killed run left open is completed first
     counted = proposer.evaluated_before - (opened[3] if opened else 0)
+    state.placed(executor)
     opts.progress.start(trials if trials < 10**9 else None, proposer.evaluated_before)
     state.t_start = time.monotonic()
     asks = proposer.asked_before

@@ -110,7 +110,8 @@ def header(r: Report) -> list[str]:
             f"{space.job.total_tokens:.3g} tokens, global batch {space.global_batch} x {ctx.model.seq_len} tokens",
             f"- method: {space.method.value}; objectives: "
             + ", ".join(f"{o.metric.value} ({o.direction.value})" for o in space.objectives),
-            f"- run: {outcome.wall_s:.1f} s wall{_phases(outcome)} on {getattr(outcome, 'where', '') or 'an executor'}, "
+            f"- run: {outcome.wall_s:.1f} s wall{_phases(outcome)} on "
+            f"{getattr(outcome, 'where', '') or 'an executor'}, "
             f"{outcome.evaluated_now} candidates evaluated now, {outcome.resumed} taken from an earlier run"
             + (" -- **interrupted**: re-run to resume" if outcome.interrupted else "")
             + (" -- **stopped by the wall-time budget** with candidates left: re-run to continue"
