@@ -119,6 +119,9 @@ def run(args) -> int:
         if p.status != "ok":
             console.print(f"row {p.case.index} ({p.case.row.get('model', '')}, {p.case.metric}) {p.status}: {p.reason}",
                           soft_wrap=True)
+    for p in val.predictions:
+        for note in p.case.chosen:    # settings comet chose for knobs the row leaves empty
+            console.print(f"row {p.case.index} ({p.case.row.get('model', '')}) assumed {note}", soft_wrap=True)
     console.print(_summary_table(val.summary))
     h = val.summary["held_out"]
     if h.n:

@@ -83,12 +83,16 @@ class ParallelConfig:
     fp8_impl: str = "te"                       # te: Transformer Engine (FP8 weight caches, FP8 saved inputs);
                                                # torchao: Float8Linear casts on the fly, saves BF16 inputs
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
+    optimizer_dtype: str = "fp32"              # Adam master weights + moments: fp32, or bf16 (NeMo optim.dtype)
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
     fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
     # How the per-layer ZeRO-3 gathers / reduce-scatters cross nodes: hierarchical (NCCL rings over all
     # NICs of a node, the default) or flat (one ring over the whole DP group at one NIC per GPU, as
     # DeepSpeed-2021 ZeRO-3; ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3"; comet.hardware.network).
     dp_collective: str = "hierarchical"
+    # ZeRO-3 gathered parameters resident at once: None = two layers (FSDP units are layers); DeepSpeed
+    # frees gathers beyond a live-parameter budget (stage3_max_live_parameters + prefetch bucket).
+    zero3_live_params: float | None = None
     # Uneven pipelines (comet.config.stages): transformer layers on the first / last stage, or the
     # embedding / loss counted as one layer each (Megatron-Core account_for_*_in_pipeline_split).
     pp_first_stage_layers: int | None = None
@@ -179,6 +183,8 @@ class ParallelConfig:
              f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+        rule(self.optimizer_dtype in ("fp32", "bf16"), "optimizer_dtype",
+             f"must be fp32 or bf16, got {self.optimizer_dtype!r}")
         rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
         rule(self.dp_collective in ("hierarchical", "flat"), "dp_collective",
              f"must be hierarchical or flat, got {self.dp_collective!r}")
@@ -223,5 +229,7 @@ class ParallelConfig:
             parts.append("pp" + ("e" if self.pp_embedding_as_layer else "") + ("l" if self.pp_loss_as_layer else ""))
         if self.dp_collective != "hierarchical":
             parts.append(f"{self.dp_collective}-dp")
+        if self.optimizer_dtype != "fp32":
+            parts.append(f"{self.optimizer_dtype}-optim")
         parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
         return "-".join(parts)

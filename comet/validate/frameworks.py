@@ -12,7 +12,8 @@ Sources of the defaults:
   (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp.
 - Megatron-LM of the 2021-2022 papers (Narayanan SC21, Korthikanti MLSys23, both on A100): fp16 mixed
   precision, unfused softmax attention, no distributed optimizer, grad all-reduce after the backward
-  ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3).
+  ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3). Versions up to
+  2021 have no selective recompute (it came with Korthikanti et al., May 2022) nor uneven stages.
 - NeMo (Framework Launcher configs, NeMo 2 performance recipes) and Megatron-Bridge perf recipes on
   Megatron-Core: distributed optimizer (ZeRO 1), sequence parallelism with TP, overlapped grad reduce
   and param gather, TP communication overlap (userbuffers; every H100 recipe sets tp_comm_overlap),
@@ -28,8 +29,11 @@ Sources of the defaults:
 - DeepSpeed ZeRO-3 as used in SC21 Table 2 (Megatron-DeepSpeed): fp16, unfused attention, activation
   checkpointing of every layer (`--checkpoint-activations`, as in Megatron-DeepSpeed's GPT scripts);
   ZeRO-3 gathers / reduce-scatters as one flat ring over the DP group at about one NIC per GPU
-  (../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"; ParallelConfig.dp_collective).
-- Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP.
+  (../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"; ParallelConfig.dp_collective); gathered
+  parameters freed beyond stage3_max_live_parameters (1e9) + stage3_prefetch_bucket_size (5e8), the
+  DeepSpeed config defaults (ParallelConfig.zero3_live_params).
+- Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP,
+  uneven pipeline stages (one layer fewer on the first and the last, sec. 3.3.2).
 - Generic (framework empty or unknown): comet's ParallelConfig defaults.
 FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
 """
@@ -61,27 +65,41 @@ class FrameworkDefaults:
     fp8_impl: str = "te"                     # Transformer Engine; torchtitan uses torchao Float8Linear
     selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
+    zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
+    # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
+    # comet/validate/layout.py):
+    bf16_optimizer_state: bool = False       # Adam state in BF16 (NeMo `optim.dtype: bf16`)
+    bf16_grad_reduce: bool = False           # gradients kept and reduced in BF16 (Megatron-Core --grad-reduce-in-bf16)
+    selective_recompute: bool = True         # has selective recompute (Megatron-LM since Korthikanti et al. 2022)
+    uneven_pipeline: bool = False            # stages of unequal layer counts (Megatron-Core first/last-stage
+                                             # layers; earlier stacks need pp to divide the layers)
     notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
 
 
 _MEGATRON_CORE = FrameworkDefaults(
-    "megatron-lm", zero=0, sequence_parallel=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
+    "megatron-lm", zero=0, uneven_pipeline=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
+    overlap_param_gather=False,
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
 _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
-                         overlap_p2p_comm=False,
+                         overlap_p2p_comm=False, uneven_pipeline=False, bf16_grad_reduce=False,
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
-_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16",
+_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
+                          uneven_pipeline=True,
                           notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
                                  "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})
+
+_MEGATRON_2021_NO_SELECTIVE = replace(_MEGATRON_2021, key="megatron-lm (2021)", selective_recompute=False)
 
 FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "megatron-lm": _MEGATRON_CORE,
     "nemo": _NEMO,
-    "megatron-bridge": replace(_NEMO, key="megatron-bridge"),
+    # Megatron-Bridge runs Megatron-Core's optimizer, whose precision-aware variant keeps FP32 master
+    # weights (a different byte count): no BF16-state step for it
+    "megatron-bridge": replace(_NEMO, key="megatron-bridge", bf16_optimizer_state=False),
     "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
                                     selective_policy="op_sac", fp8_impl="torchao",
                                     flops_formula="palm_6n"),
@@ -93,9 +111,16 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
                                    sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
                                    flops_formula="narayanan_eq3", dp_collective="flat",
+                                   # DeepSpeed config defaults: stage3_max_live_parameters 1e9 +
+                                   # stage3_prefetch_bucket_size 5e8 (deepspeed/runtime/zero/config.py)
+                                   zero3_live_params=1.5e9,
                                    notes={"dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
-                                          "group as one ring at ~1 NIC per GPU (physics-notes.md)"}),
-    "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
+                                          "group as one ring at ~1 NIC per GPU (physics-notes.md)",
+                                          "zero3_live_params": "gathered parameters kept at once: "
+                                          "stage3_max_live_parameters + stage3_prefetch_bucket_size"}),
+    # Llama 3 paper sec. 3.3.2: pipeline stages balanced by one layer fewer on the first and last stage
+    "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
+                                       uneven_pipeline=True),
 }
 GENERIC = FrameworkDefaults("generic")
 
@@ -107,8 +132,11 @@ def _year(version: str) -> int | None:
 
 def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
     """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
-    that generation (fp16, unfused attention)."""
+    that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
+    with Korthikanti et al. (arXiv:2205.05198, May 2022)."""
     if framework == "megatron-lm":
         year = _year(version)
+        if year is not None and year <= 2021:
+            return _MEGATRON_2021_NO_SELECTIVE
         return _MEGATRON_2021 if year is not None and year <= 2022 else _MEGATRON_CORE
     return FRAMEWORKS.get(framework, GENERIC)

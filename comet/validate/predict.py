@@ -7,12 +7,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from comet.config.cluster import ClusterSpec, load_cluster
-from comet.config.parallel import Recompute
 from comet.evaluate import evaluate, resolve
 from comet.errors import CometError
 from comet.replay.blocks import time_block
 from comet.result import Result
 from comet.validate.accounting import flops_per_step
+from comet.validate.layout import choose_layout
+from comet.validate.memory_knobs import fit_unstated_knobs, with_steps
 from comet.validate.rows import MEMORY_METRICS, Case
 from comet.workload.builder import build_step_graph
 
@@ -116,19 +117,14 @@ def layer_time_ms(case: Case, cluster: ClusterSpec) -> tuple[float, dict, str]:
     return total * 1e3, parts, par.label()
 
 
-def _least_recompute_that_fits(case: Case, cluster: ClusterSpec, res: Result) -> Result:
-    """The row does not state recompute and its run fitted in memory (SCHEMA.md: every row is a run that
-    happened), but the framework default does not fit: take the least recompute that fits, stated as an
-    assumption (Megatron-Core: selective, then full)."""
-    modes = list(Recompute)
-    for mode in modes[modes.index(case.parallel.recompute) + 1:]:
-        trial = evaluate(case.model, cluster, replace(case.parallel, recompute=mode))
-        if trial.feasible:
-            case.assumptions.append(f"recompute={mode.value}: the default ({case.parallel.recompute.value}) "
-                                    f"needs {res.memory_gb_per_gpu:.1f} GB per GPU, more than HBM holds")
-            case.parallel = replace(case.parallel, recompute=mode)
-            return trial
-    return res
+def fit_memory_knobs(case: Case, cluster: ClusterSpec) -> None:
+    """Memory-saving knobs the row leaves empty, where the default does not fit
+    (comet/validate/memory_knobs.py): the case's configuration and its assumptions."""
+    par, taken, replaced = fit_unstated_knobs(case.model, cluster, case.parallel, case.row, case.defaults)
+    if taken:
+        case.parallel = par
+        case.assumptions[:] = with_steps(case.assumptions, taken, replaced)
+        case.chosen.extend(taken)
 
 
 def predict(case: Case, clusters: ClusterCache) -> Prediction:
@@ -136,12 +132,17 @@ def predict(case: Case, clusters: ClusterCache) -> Prediction:
         return Prediction(case, "skipped", reason=case.skip_reason)
     try:
         cluster = clusters.get(case.cluster_file, case.hbm_GB, case.hbm_GBps)
+        if case.open_layout is not None:
+            res = choose_layout(case, cluster)
+            if res is None:
+                return Prediction(case, "infeasible", reason=case.assumptions[-1])
+        else:
+            fit_memory_knobs(case, cluster)
+            res = None
         if case.metric == "layer_fwd_bwd_time_ms":
             ms, parts, label = layer_time_ms(case, cluster)
             return Prediction(case, "ok", ms, label=label, breakdown=parts)
-        res = evaluate(case.model, cluster, case.parallel)
-        if not res.feasible and res.memory and not case.row.get("recompute", "").strip():
-            res = _least_recompute_that_fits(case, cluster, res)
+        res = res or evaluate(case.model, cluster, case.parallel)
     except CometError as exc:
         return Prediction(case, "infeasible", reason=str(exc))
     mem = res.memory_gb_per_gpu if res.memory_gb_per_gpu == res.memory_gb_per_gpu else None

@@ -11,7 +11,9 @@ from comet.config.cluster import load_cluster
 from comet.validate.calibrate import (LARGE_GEMM_RANGE, PARAMS, PRIORS, FitResult, get_value,
                                       large_gemm_fraction)
 from comet.validate.runner import Validation
-from comet.validate.frameworks import FRAMEWORKS, GENERIC
+from comet.validate.frameworks import FRAMEWORKS, GENERIC, defaults_for
+from comet.validate.layout import __doc__ as LAYOUT_DOC
+from comet.validate.memory_knobs import __doc__ as MEMORY_KNOBS_DOC
 from comet.validate.frameworks import __doc__ as FRAMEWORK_DOC
 from comet.validate.summary import ErrorStats
 
@@ -26,11 +28,14 @@ LIMITATIONS = (
     "times are closer.",
     "Cells a source leaves empty take the framework's documented default, which is not always what the run "
     "used: dgxc Nemotron-4 340B rows without `vpp` are modelled without interleaving (the same recipe with vpp "
-    "12 is within 5%); Megatron-LM examples/llama rows without `zero` get Megatron's default (no distributed "
-    "optimizer) and do not fit; NeMo's Nemotron-4 340B keeps optimizer state in BF16 (`optim.dtype: bf16`), "
-    "for which the schema has no column.",
-    "Rows that state neither tp nor pp (strong-scaling tables, Megatron-LM README GPT-3 177B, NeMo Launcher "
-    "GPT-3 175B) or no vocabulary are skipped: no framework default can stand in for a layout.",
+    "12 is within 5%). Where a default does not fit, the memory-knob ladder picks the least memory-saving "
+    "setting that does; the run may have used a different one (e.g. BF16 optimizer state instead of FP8 "
+    "weights): the choice is listed per row.",
+    "A layout the source does not state is the fastest feasible one under comet's own model, so these rows "
+    "measure comet's optimum against a tuned run, not the run's configuration. Rows without a global batch "
+    "(NeMo Launcher GPT-3 175B) or a vocabulary (NeMo Nemotron-8B/22B: the launcher yaml leaves the tokenizer "
+    "empty) stay skipped: both set the step's work (batch; output-layer FLOPs and memory), and no generic "
+    "default stands in for them.",
     "torchtitan / torchao rows ran on the 96 GB, 500 W H100 part and with torch.compile; the power cap and the "
     "compiled kernels' fusion are not modelled (the 96 GB HBM is), so these rows are predicted fast.",
     "MaxText `selective` is read as remat_policy save_qkv_proj and torchtitan `selective` as per-op SAC; a run "
@@ -186,6 +191,13 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
         lines.append(f"| {d.key} | {d.micro_batch} | {d.precision} | {d.zero} | {d.fsdp} | "
                      f"{'with tp' if d.sequence_parallel is None else d.sequence_parallel} | {d.recompute} | "
                      f"{d.grad_dtype} | {d.vocab_pad_to} | {d.overlap_tp_comm} | {d.flops_formula} |")
+    lines += ["", "## Memory-saving knobs a row leaves empty", "", MEMORY_KNOBS_DOC.strip(), "",
+              "| framework | BF16-gradient step | BF16 optimizer-state step | selective recompute | uneven stages |",
+              "|---|---|---|---|---|"]
+    for d in list(FRAMEWORKS.values()) + [defaults_for("megatron-lm", "2021"), GENERIC]:
+        lines.append(f"| {d.key} | {d.bf16_grad_reduce} | {d.bf16_optimizer_state} | "
+                     f"{d.selective_recompute} | {d.uneven_pipeline} |")
+    lines += ["", "## Layouts a row does not state", "", LAYOUT_DOC.strip()]
     lines += ["", "## Calibrated parameters", "",
               "One parameter set per GPU type, fitted by `comet validate --fit` (bounded coordinate search on "
               "the mean |ln(predicted/measured)| of the fitted rows, averaged per source so each publication "
@@ -208,10 +220,16 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
               "(`index` is the 0-based CSV row, `status` ok / infeasible / skipped, `predicted` is in the row's "
               "metric, `reason` says why a row was not predicted). A bad cell (unknown enum value, non-numeric "
               "number, tp*pp*dp*cp != num_gpus) skips that row with the column and value; the others go on. "
+              "Empty memory-saving knobs and an unstated tp x pp split are filled as the two sections above "
+              "say, and listed under `assumptions`. "
               "Memory is predicted for every modelled row (`memory_gb_per_gpu`); a configuration fits when its "
               "predicted peak is within 5% of HBM (comet/workload/memory.py FIT_MARGIN).",
               "", "## Memory", ""]
     lines += memory_md(val)
+    lines += ["", "## Settings chosen for knobs a row leaves empty", "",
+              "Rows whose configuration the memory-knob ladder or the layout search set (sections above):", ""]
+    lines += [f"- row {p.case.index} ({p.case.row.get('model', '')}): {note}"
+              for p in val.predictions for note in p.case.chosen] or ["- none"]
     lines += ["", "## Rows", ""]
     lines += rows_md(val)
     lines += ["", "## Known limitations", ""]

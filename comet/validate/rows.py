@@ -82,6 +82,10 @@ class Case:
     skip_reason: str = ""
     bad_column: str = ""                 # the cell that made the row unreadable
     assumptions: list[str] = field(default_factory=list)
+    # (tp, pp) as stated, None where the source leaves it open: the layout is chosen at prediction time
+    # (comet/validate/layout.py); None once chosen or where both are stated
+    open_layout: tuple[int | None, int | None] | None = None
+    chosen: list[str] = field(default_factory=list)   # settings chosen for empty knobs (also in assumptions)
 
     @property
     def source(self) -> str:
@@ -204,12 +208,15 @@ def build_model(c: Cells) -> ModelSpec:
 
 
 # ------------------------------------------------------------------------------------------- layout
-def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
+def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bool = False) -> ParallelConfig:
+    """The row's configuration on tp x pp. `provisional`: a stand-in layout for a row that states no
+    split (every other cell is read and checked; dp is left to the layout search)."""
     d = c.d
-    tp, pp = c.integer("tp"), c.integer("pp")
-    if tp is None or pp is None:
-        raise _Skip("tp/pp not stated by the source for this point")
     gpus, dp = c.integer("num_gpus"), c.integer("dp")
+    if provisional:
+        if gpus is None:
+            raise _Skip("tp/pp not stated and num_gpus not given: no layout to search")
+        dp = None
     cp = c.int_or("cp", 1)
     gb = c.integer("global_batch")
     if gb is None:
@@ -241,6 +248,10 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
     dp_collective = "hierarchical"
     if zero >= 3 and d.dp_collective != "hierarchical":
         dp_collective = c.default("dp_collective", d.dp_collective)
+    live = None
+    if zero >= 3 and d.zero3_live_params is not None:
+        live = d.zero3_live_params
+        c.default("zero3_live_params", f"{live:.3g}")
     first, last = c.integer("pp_first_stage_layers"), c.integer("pp_last_stage_layers")
     emb_loss = False
     if first is None and last is None and model.layers % (pp * vpp) and (model.layers + 2) % (pp * vpp) == 0:
@@ -264,13 +275,19 @@ def build_parallel(c: Cells, model: ModelSpec) -> ParallelConfig:
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
-            dp_collective=dp_collective,
+            dp_collective=dp_collective, zero3_live_params=live,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)
     except ConfigError as exc:
         raise RowError(exc.field or "layout", c.text(exc.field or ""), str(exc)) from None
     return apply_expert_parallel(c.row, par, c.assumptions)
+
+
+def layout_config(case: Case, tp: int, pp: int) -> tuple[ParallelConfig, list[str]]:
+    """The configuration of an open-layout row on tp x pp, with the assumptions its cells add."""
+    notes: list[str] = []
+    return build_parallel(Cells(case.row, case.defaults, notes), case.model, tp, pp), notes
 
 
 def _metric_inputs(c: Cells, case: Case) -> None:
@@ -306,7 +323,12 @@ def derive_case(row: dict, index: int) -> Case:
             raise _Skip("gpu_model not given (closed set: " + ", ".join(ENUMS["gpu_model"]) + ")")
         case.cluster_file, case.hbm_GB, case.hbm_GBps = CLUSTER_FOR_GPU[gpu]
         case.model = build_model(c)
-        case.parallel = build_parallel(c, case.model)
+        tp, pp = c.integer("tp"), c.integer("pp")
+        if tp is None or pp is None:     # the layout is searched at prediction time (layout.py)
+            case.open_layout = (tp, pp)
+            case.parallel = build_parallel(Cells(row, d, []), case.model, tp or 1, pp or 1, provisional=True)
+        else:
+            case.parallel = build_parallel(c, case.model, tp, pp)
         _metric_inputs(c, case)
         if not framework:
             c.assumptions.append("framework not given: generic defaults")

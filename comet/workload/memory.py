@@ -33,7 +33,10 @@ LOGIT_BYTES = 4        # fp32 logits for the cross-entropy [K] Sec 4.3
 WEIGHT_BYTES = 2       # bf16/fp16 weights
 FP8_CACHE_BYTES = 2    # TE FP8 weight copy + its transpose cache, per GEMM weight [T]
 GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron default) or bf16 where stated
-ADAM_BYTES = 12        # fp32 master weights + Adam m + v [Z] Sec 3.1
+# Adam state per parameter: fp32 master weights + m + v [Z] Sec 3.1; or all three in BF16 (NeMo
+# `optim.dtype: bf16` -> Apex DistributedFusedAdam(dtype=bf16) keeps its param shard, exp_avg and
+# exp_avg_sq in that dtype)
+ADAM_BYTES = {"fp32": 12, "bf16": 6}
 # The fit test's margin: a configuration fits when its predicted peak is within FIT_MARGIN of HBM.
 # The memory model is a prediction with an error (docs/validation.md, memory rows: a few percent); a
 # hard cut at exactly the capacity would turn a 3% memory error into a pruned configuration that
@@ -236,9 +239,14 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     shard = par.dp * par.cp
     weights = _weight_bytes(model, par, stage, params) / (shard if par.zero >= 3 else 1)
     grads = params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1)
-    optimizer = params * ADAM_BYTES / (shard if par.zero >= 1 else 1)
+    optimizer = params * ADAM_BYTES[par.optimizer_dtype] / (shard if par.zero >= 1 else 1)
     layers_here = par.stage_layers(model, stage)
     buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * WEIGHT_BYTES
+    if par.zero3_live_params is not None:   # DeepSpeed: per-module gathers up to the live budget; a larger
+        # module is still gathered whole (deepspeed/runtime/zero/partitioned_param_coordinator.py)
+        module = max(model.hidden * model.ffn_hidden * (2 if model.gated else 1),
+                     model.hidden * (model.q_hidden + 2 * model.kv_hidden)) / par.tp
+        buffer = min(buffer, max(par.zero3_live_params, module) * WEIGHT_BYTES)
     return weights, grads, optimizer, buffer
 
 
@@ -254,7 +262,7 @@ def _expert_state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tu
         FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES)     # every expert weight is a GEMM weight
     return (params * per_param / (shard if par.zero >= 3 else 1),
             params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1),
-            params * ADAM_BYTES / (shard if par.zero >= 1 else 1))
+            params * ADAM_BYTES[par.optimizer_dtype] / (shard if par.zero >= 1 else 1))
 
 
 # ---------------------------------------------------------------------------------------- per stage

@@ -39,14 +39,14 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
 
 
 def small_csv(tmp_path) -> Path:
-    """Five rows: three modelled (Korthikanti time and MFU, one layer), one skipped (no TP/PP), one MoE
+    """Five rows: three modelled (Korthikanti time and MFU, one layer), one skipped (no TP/PP, no batch), one MoE
     (two layers of 8 experts, top-2, ep 8 x etp 1 over the 8 GPUs)."""
     rows = [
         row(),
         row(metric="mfu", value="41.5", unit="%", flops_formula="megatron_model", mfu_peak_tflops="312"),
         row(model="GPT 22B (single transformer layer)", recompute="none", metric="layer_fwd_bwd_time_ms", value="19.6"),
         row(source=MEGATRON, model="GPT-3 177B", gpu="H100", gpu_model="h100-sxm-80gb", num_gpus="96", tp="", pp="",
-            micro_batch="", global_batch="1152", recompute="", precision="", metric="mfu", value="47", unit="%",
+            micro_batch="", global_batch="", recompute="", precision="", metric="mfu", value="47", unit="%",
             layers="96", hidden="12288", heads="96", ffn_hidden="", seq_len="4096", vocab="131072",
             framework_version="Megatron-Core r0.8.0"),
         row(model="MoE", layers="2", moe_experts="8", moe_topk="2", ep="8", etp="1"),

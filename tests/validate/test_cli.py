@@ -22,7 +22,7 @@ def test_cli_writes_rows_and_summary(small_csv, tmp_path, capsys):
     assert [r["status"] for r in rows] == ["ok", "ok", "ok", "skipped", "ok"]
     ok = rows[0]
     assert ok["error_pct"] == pytest.approx((ok["predicted"] - ok["value"]) / ok["value"] * 100)
-    assert "tp/pp not stated" in rows[3]["reason"] and rows[3]["predicted"] is None
+    assert "global batch not stated" in rows[3]["reason"] and rows[3]["predicted"] is None
     assert [r["index"] for r in rows] == [0, 1, 2, 3, 4]
     assert all(isinstance(r["assumptions"], list) for r in rows) and rows[0]["memory_gb_per_gpu"] > 0
     summary = doc["summary"]
@@ -34,7 +34,7 @@ def test_cli_writes_rows_and_summary(small_csv, tmp_path, capsys):
     assert "Korthikanti et al." in summary["by_source"]
     assert set(summary["by_metric"]) >= {"iteration_time_s", "mfu", "layer_fwd_bwd_time_ms"}
     text = capsys.readouterr().out
-    assert "MAPE" in text and "held-out" in text and "tp/pp not stated" in text
+    assert "MAPE" in text and "held-out" in text and "global batch not stated" in text
 
 
 def test_missing_csv_is_one_line_exit_2(tmp_path, capsys):
@@ -66,7 +66,7 @@ def test_docs_report(small_csv, tmp_path):
     assert main(["validate", str(small_csv), "--quiet", "--docs", str(md)]) == 0
     text = md.read_text()
     for section in ("## Summary", "held-out", "## Calibrated parameters", "efficiency.gemm", "## Rows",
-                    "## Known limitations", "tp/pp not stated"):
+                    "## Known limitations", "global batch not stated"):
         assert section in text
     png = tmp_path / "validation.png"                   # the error plot the report embeds
     assert "](validation.png)" in text and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -138,10 +138,17 @@ def test_published_generalisation_bounds():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 11 target (time MAPE <= 8%, 0 infeasible) not met yet: "
+def test_published_coverage_every_run_that_ran_fits():
+    """Issue 11: on the shipped CSV no row is predicted infeasible (unstated memory knobs and layouts are
+    filled by comet/validate/memory_knobs.py and layout.py) and >= 95% of the time rows are predicted."""
+    cov = _published().summary["time_coverage"]
+    assert cov["infeasible"] == 0 and cov["ok"] / cov["rows"] >= 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="issue 11 target (time MAPE <= 8%) not met yet: "
                    "see docs/validation.md 'Known limitations'")
-def test_published_target_time_mape_and_coverage():
+def test_published_target_time_mape():
     val = _published()
     s = val.summary
-    assert s["time_metrics"].mape <= 8.0
-    assert s["time_coverage"]["infeasible"] == 0 and s["memory"].mape <= 10.0
+    assert s["time_metrics"].mape <= 8.0 and s["memory"].mape <= 10.0

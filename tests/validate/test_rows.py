@@ -84,7 +84,7 @@ def test_bad_cells_skip_only_their_row_naming_column_and_value(tmp_path, cells, 
 def test_other_skips(small_csv, tmp_path):
     cases = load_cases(small_csv)
     assert [c.skip_reason for c in cases[:3]] == ["", "", ""]
-    assert "tp/pp not stated" in cases[3].skip_reason
+    assert "global batch not stated" in cases[3].skip_reason
     moe = cases[4]   # MoE rows are modelled: the moe_* columns and ep / etp reach the model and layout
     assert moe.skip_reason == "" and (moe.model.moe.num_experts, moe.model.moe.experts_per_token) == (8, 2)
     assert (moe.parallel.ep, moe.parallel.etp) == (8, 1)
