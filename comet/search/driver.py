@@ -248,9 +248,14 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
         state.t_end = time.monotonic()
         state.journal.compact()
         if executor is not None:
-            executor.close()
+            executor.close(wait=False)            # Ray shuts down while the tables and plots are written
         opts.progress.finish()
-    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts, state.where)
+    try:
+        return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts,
+                       state.where)
+    finally:
+        if executor is not None:
+            executor.join()
 
 
 def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:

@@ -43,8 +43,11 @@ class SerialExecutor:
     def cancel(self) -> None:
         self._queue.clear()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self._queue.clear()
+
+    def join(self) -> None:
+        pass
 
 
 _worker_ctx: dict = {}    # in a Ray worker: the study's context, unpickled once (ObjectRef hex -> context)
@@ -132,6 +135,14 @@ class RayExecutor:
             quiet.setLevel(level)
             self._up.set()
         self._done.wait()
+        try:                                      # close(): shut down here, beside the driver's writing
+            if self._started:
+                self._ray.shutdown()
+        except BaseException as exc:  # noqa: BLE001 - raised again by join()
+            self._failure = exc
+        finally:
+            if self._cleanup is not None:
+                self._cleanup()
 
     def _ready(self) -> None:
         while not self._up.wait(0.1):     # in steps: a Ctrl-C or kill is not held up
@@ -203,21 +214,25 @@ class RayExecutor:
                 pass
         self._pending.clear()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Shut Ray down (a start still going finishes first); with wait=False in the background:
+        join() waits for it."""
         self.cancel()
-        self._up.wait()                           # a start still going finishes, then is shut down
-        try:
-            if self._started:
-                self._ray.shutdown()
-        finally:
-            self._done.set()
-            self._thread.join()
-        if self._cleanup is not None:
-            self._cleanup()
+        self._up.wait()
+        self._failure = None                      # a failed start was raised already
+        self._done.set()
         if self._sigterm is not None:
             import signal
             signal.signal(signal.SIGTERM, self._sigterm)
             self._sigterm = None
+        if wait:
+            self.join()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
 
 def make_executor(kind: str, ctx: EvalContext, workers: int | None, address: str | None):
