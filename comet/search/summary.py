@@ -355,7 +355,8 @@ def _case_study(df: pd.DataFrame, ctx) -> list[str]:
                       f"{ok[analysis.TIME].min():.1f} to {ok[analysis.TIME].max():.1f} days "
                       f"({ok[analysis.TIME].max() / ok[analysis.TIME].min():.1f}x).")
         lines.append("")
-    effects = [e for e in (analysis.axis_effect(df, a) for a in ("gpus",) + PROVISION_KEYS) if e]
+    best = analysis.best_per_cluster(df)
+    effects = [e for e in (analysis.axis_effect(df, a, best) for a in ("gpus",) + PROVISION_KEYS) if e]
     if effects:
         lines += ["**Effect of each provisioning axis** (best time at the lowest value / best at a higher value, "
                   "other axes equal):", "", "| axis | lowest | groups | median speed-up | max speed-up | "
