@@ -2,13 +2,15 @@
 candidate (medians; ratios, not absolute times, are stable on a shared machine). Run by `make bench`.
 
 - comet_over_calculon_cold: GPT-3 1T on 4096 H100 (tp 8, pp 64, dp 8, 1F1B, micro-batch 1, global
-  batch 1536, selective recompute), evaluated as a configuration seen for the first time: every comet
+  batch 1536, selective recompute) through the public API (`comet.estimate`, the arguments checked as
+  the CLI checks them), evaluated as a configuration seen for the first time: every comet
   cache is emptied before each call (blocks, op durations, replays, graphs, schedule structures), so
   nothing is reused from the previous call; imports and numba's compiled kernels are loaded once per
   process (a warm-up call on another configuration), like Calculon's imports.
-- comet_over_calculon_search: per candidate inside a search: dp (2048 / 4096 / 8192 GPUs), global batch
-  and scale-out bandwidth vary; each candidate is new to both tools, while the blocks were seen on
-  other candidates (a warm-up pass with another global batch).
+- comet_over_calculon_search: per candidate inside a search (`comet.evaluate.evaluate`, what the search
+  driver calls): dp (2048 / 4096 / 8192 GPUs), global batch and scale-out bandwidth vary; each
+  candidate is new to both tools, while the blocks were seen on other candidates (a warm-up pass with
+  another global batch).
 - study_gpt3_1t_serial_candidates_per_s: `comet search search_spaces/gpt3_1t.yaml --executor serial` in
   a fresh process and results folder: replayed candidates / wall seconds, start-up and writing included;
   then the same with `--executor ray --workers 2`: its rate over serial with everything included, without
@@ -83,6 +85,10 @@ def _calculon():
     return system, run
 
 
+# The same configuration as comet.estimate arguments and as the ParallelConfig a search evaluates.
+COMET_ARGS = {"tp": 8, "pp": 64, "gpus": 4096, "micro_batch": 1, "global_batch": 1536, "recompute": "selective"}
+
+
 def _comet():
     from comet.config.cluster import load_cluster
     from comet.config.model import load_model
@@ -90,7 +96,7 @@ def _comet():
     from comet.evaluate import evaluate
     model = load_model("gpt3_1t")
     cluster = load_cluster(ROOT / "cluster_specs" / "h100_dgx.yaml")
-    par = ParallelConfig(tp=8, pp=64, gpus=4096, micro_batch=1, global_batch=1536, recompute=Recompute.SELECTIVE)
+    par = ParallelConfig(**dict(COMET_ARGS, recompute=Recompute.SELECTIVE))
     return model, cluster, par, evaluate
 
 
@@ -113,16 +119,20 @@ def test_bench_comet_over_calculon():
     from comet.search.context import apply_provisioning
     print(f"\nBENCH calculon_loadavg_1min_before {os.getloadavg()[0]:.2f} processes")
 
+    import comet
+
     # ---- cold: a configuration never seen, every cache emptied before each comet call
     calc_sys = system()
-    evaluate(model, cluster, replace(par, global_batch=768))       # imports, numba kernels loaded
+    for batch in (768, 768):       # imports, numba kernels loaded (a shape seen first, then again)
+        comet.estimate(model, cluster, **dict(COMET_ARGS, global_batch=batch))
     calc_run(calc_sys, EXECUTION)
     comet_cold, calc_cold = [], []
     for _ in range(REPEATS):
         _forget_everything()
-        comet_cold.append(_cpu(lambda: evaluate(model, cluster, par)))
+        comet_cold.append(_cpu(lambda: comet.estimate(model, cluster, **COMET_ARGS)))
         calc_cold.append(_cpu(lambda: calc_run(calc_sys, EXECUTION)))
-    comet_step = evaluate(model, cluster, par).step_time_s
+    comet_step = comet.estimate(model, cluster, **COMET_ARGS).step_time_s
+    assert comet_step == evaluate(model, cluster, par).step_time_s
     calc_step = calc_run(calc_sys, EXECUTION)
 
     # ---- search: dp, global batch and scale-out bandwidth vary; blocks seen on other candidates

@@ -73,6 +73,9 @@ def register(sub) -> None:
     p.add_argument("--no-overlap-param-gather", dest="overlap_param_gather", action="store_const", const=False)
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_const", const=False,
                    help="unfused attention kernels")
+    p.add_argument("--attention-kernel", choices=["fused", "fa2"],
+                   help="flash-attention kernels: fused (TE / cuDNN / FlashAttention-3, default) or fa2 (PyTorch SDPA, "
+                        "flash-attn 2: torchtitan, llm-foundry)")
     p.add_argument("--offload", action="append", choices=[x.value for x in OffloadTarget],
                    help="offload to the cluster's memory expansion tier (repeatable)")
     p.add_argument("--total-tokens", type=positive_float, help="training tokens, for time-to-train")

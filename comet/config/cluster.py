@@ -134,6 +134,9 @@ class Efficiency:
     gemm_tile_n: int = field(default=256, metadata=positive())
     attention_fwd: float = field(default=0.6, metadata=fraction())  # flash attention forward, fraction of peak
     attention_bwd: float = field(default=0.45, metadata=fraction())
+    # FlashAttention-2-class kernels (PyTorch SDPA flash backend, flash-attn 2), forward and backward; 0: the
+    # same kernels as attention_fwd / attention_bwd (GPUs where FA2 is the native kernel, e.g. A100)
+    attention_fa2: float = field(default=0.0, metadata=non_negative())
     memory_bound: float = field(default=0.85, metadata=fraction())  # fraction of HBM bandwidth for elementwise kernels
     kernel_overhead_us: float = field(default=4.0, metadata=non_negative())  # launch + tail per kernel
     overlap_slowdown: float = field(default=0.1, metadata=non_negative())    # compute slows by this while comm is in flight

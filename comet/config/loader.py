@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import types
 import typing
@@ -20,6 +21,9 @@ from typing import Any, TypeVar
 
 from comet.config.document import check_scalar, read_yaml
 from comet.errors import ConfigError
+
+# perf: a dataclass's resolved annotations do not change; resolving them compiles every string annotation
+_type_hints = functools.lru_cache(maxsize=None)(typing.get_type_hints)
 
 T = TypeVar("T")
 
@@ -134,7 +138,7 @@ def from_dict(cls: type[T], data: Any, *, source: str = "", path: str = "") -> T
         what = "the file" if not path else path
         raise ConfigError(f"{what} must be a mapping of keys to values, got {type(data).__name__}",
                           source=source, field=path or None)
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:

@@ -70,6 +70,9 @@ class ParallelConfig:
     overlap_p2p_comm: bool = False             # interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)
     overlap_tp_comm: bool = False              # TP collectives split and pipelined with their GEMMs
     flash_attention: bool = True               # fused attention (else unfused bmm + softmax kernels)
+    # Which flash-attention kernels: fused (Transformer Engine / cuDNN / FlashAttention-3 on Hopper) or fa2
+    # (PyTorch SDPA's flash backend, the flash-attn 2 package; comet/hardware/compute.py attention_time_s)
+    attention_kernel: str = "fused"
     offload: tuple[OffloadTarget, ...] = ()
     # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
     ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]
@@ -186,6 +189,8 @@ class ParallelConfig:
         rule(self.optimizer_dtype in ("fp32", "bf16"), "optimizer_dtype",
              f"must be fp32 or bf16, got {self.optimizer_dtype!r}")
         rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
+        rule(self.attention_kernel in ("fused", "fa2"), "attention_kernel",
+             f"must be fused or fa2, got {self.attention_kernel!r}")
         rule(self.dp_collective in ("hierarchical", "flat"), "dp_collective",
              f"must be hierarchical or flat, got {self.dp_collective!r}")
         rule(not self.fp8_params or self.precision is Precision.FP8, "fp8_params",

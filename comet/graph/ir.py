@@ -103,6 +103,7 @@ class Op:
     bytes: float = 0.0                  # HBM (or expansion-tier, for offload) bytes moved
     shape: tuple[int, ...] = ()         # GEMM (m, n, k); attention (batch*heads, sq, skv, head_dim)
     dtype_bytes: int = 2
+    variant: str = ""                   # kernel implementation within the class (attention: "" fused, "fa2")
     collective: Collective | None = None
     msg_bytes: float = 0.0              # collective buffer per rank (NCCL "size"); p2p bytes sent
     group: str | None = None            # process-group name

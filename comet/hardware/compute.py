@@ -10,7 +10,11 @@ GEMM:   t = 2mnk / (peak * e_gemm * u_wave * k'/(k' + k_half)), at least the HBM
         bytes of extra HBM traffic (written and read once). The split with the shortest time is used.
 Flash attention: 4 * b*heads * sq * skv * d FLOPs forward (QK^T and PV), halved under a causal mask
         (FlashAttention-2, Dao 2023, sec. 3.1: masked blocks are skipped); backward does 2.5x the forward
-        matmul work (recomputed QK^T plus dQ, dK, dV, dP). Timed at attention_fwd / attention_bwd of peak.
+        matmul work (recomputed QK^T plus dQ, dK, dV, dP). Timed at attention_fwd / attention_bwd of peak
+        for the fused Hopper kernels Transformer Engine / cuDNN and FlashAttention-3 provide (warp-specialised
+        wgmma + TMA pipelines), and at attention_fa2 for FlashAttention-2-class kernels (PyTorch SDPA's flash
+        backend, the flash-attn 2 package: Ampere mma.sync code that "achieves only 35% utilization on
+        H100", Shah et al. 2024, FlashAttention-3, abstract) where the cluster sets it.
 Memory-bound kernels (norms, activations, dropout, Adam): bytes / (HBM bandwidth * e_mem).
 Every kernel pays kernel_overhead_us (launch and tail).
 """
@@ -63,10 +67,12 @@ def gemm_time_s(m: int, n: int, k: int, cluster: ClusterSpec, precision: str, dt
     return best + eff.kernel_overhead_us * 1e-6
 
 
-def attention_time_s(flops: float, backward: bool, cluster: ClusterSpec) -> float:
+def attention_time_s(flops: float, backward: bool, cluster: ClusterSpec, variant: str = "") -> float:
     gpu, eff = cluster.gpu, cluster.efficiency
     peak = gpu.peak_flops("bf16" if "bf16" in gpu.peak_tflops else "fp16")   # attention stays in 16-bit
     e = eff.attention_bwd if backward else eff.attention_fwd
+    if variant == "fa2" and eff.attention_fa2 > 0:   # FA2-class kernel on a GPU where it is not the native one
+        e = eff.attention_fa2
     return flops / (peak * e) + eff.kernel_overhead_us * 1e-6
 
 
@@ -91,7 +97,7 @@ def compute_op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
             precision = "bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16"
         return gemm_time_s(m, n, k, cluster, precision, op.dtype_bytes, batch)
     if op.kernel is KernelClass.ATTENTION:
-        return attention_time_s(op.flops, op.phase in (Phase.BACKWARD,), cluster)
+        return attention_time_s(op.flops, op.phase in (Phase.BACKWARD,), cluster, op.variant)
     if op.kernel is KernelClass.MEMORY:
         return memory_time_s(op.bytes, cluster)
     return op.duration_s or 0.0

@@ -14,6 +14,8 @@ from comet.replay.compile import compile_graph
 from comet.replay.engine import Replay, replay, replay_graph
 from comet.replay.timing import timed_s
 
+_NETWORK_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)   # timed by comet/hardware/network.py
+
 # Exposed communication is charged to the first active category in this order.
 _COMM_ORDER = (("exposed_tp", GroupKind.TP), ("exposed_tp", GroupKind.ETP), ("exposed_cp", GroupKind.CP),
                ("exposed_ep", GroupKind.EP), ("exposed_dp", GroupKind.DP), ("exposed_dp", GroupKind.EDP),
@@ -99,14 +101,22 @@ def time_block(g: nx.DiGraph, cluster: ClusterSpec, precision: str, keep_replay:
 
 def _time_block_shared(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> BlockTiming:
     """time_block through the content-keyed caches (comet/replay/cache.py): op durations once per
-    (block, cluster, precision), the event replay once per (block, durations)."""
+    (block, what the cost models read of the cluster, precision), the event replay once per (block,
+    durations)."""
     sig = cache.block_signature(g)
     ops = sig.value[0]
 
-    def durations() -> tuple:
-        return tuple(float(timed_s(op, cluster, precision)) for _, op in ops)
+    def on_gpu() -> tuple:
+        return tuple(None if op.duration_s is None and op.kind in _NETWORK_KINDS else float(timed_s(op, cluster, precision))
+                     for _, op in ops)
 
-    dur = cache.durations.get_or((sig, cache.cluster_key(cluster), precision), durations)
+    def durations() -> tuple:
+        # perf: kernel and copy times read only the GPU side of the cluster: clusters that differ in
+        # the network share them; communication comes from the network-keyed cache (timing.py)
+        local = cache.durations.get_or((sig, "on GPU", cache.compute_key(cluster), precision), on_gpu)
+        return tuple(float(timed_s(op, cluster, precision)) if d is None else d for d, (_, op) in zip(local, ops))
+
+    dur = cache.durations.get_or((sig, cache.timing_key(cluster), precision), durations)
     slowdown = cluster.efficiency.overlap_slowdown
 
     def run() -> BlockTiming:

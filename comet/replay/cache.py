@@ -55,12 +55,42 @@ class LRU:
         d.move_to_end(key)
         return value
 
+    def get(self, key: Hashable) -> Any:
+        """The value, or None when absent (or caching is disabled)."""
+        value = self._d.get(key) if enabled else None
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self._d.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if enabled:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
     def clear(self) -> None:
         self._d.clear()
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._d)
+
+
+class BytesLRU(LRU):
+    """An LRU bounded by the bytes of its numpy values (large arrays of varying size)."""
+
+    def __init__(self, budget_bytes: int, size: int):
+        super().__init__(size)
+        self.budget = budget_bytes
+
+    def put(self, key: Hashable, value: Any) -> None:
+        super().put(key, value)
+        while len(self._d) > 1 and sum(getattr(v, "nbytes", 0) for v in self._d.values()) > self.budget:
+            self._d.popitem(last=False)
 
 
 enabled = True                      # False: every value computed afresh (see disabled())
@@ -73,11 +103,13 @@ blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder 
 _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
 facts = LRU(_GRAPH_ENTRIES)         # (question, object key) -> answer about a read-only input
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
+network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
+orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task
 
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_cluster_keys: dict[int, tuple[Any, str]] = {}
+_cluster_keys: dict[int, tuple[Any, dict]] = {}
 
 
 class Signature:
@@ -110,17 +142,57 @@ def block_signature(g) -> Signature:
     return sig
 
 
-def cluster_key(cluster) -> str:
-    """The cluster's full content (frozen dataclasses: their repr lists every field). Memoized per
-    object; the object is held so its id cannot be reused while the entry lives."""
+def _keys(cluster) -> dict:
+    """The memoized keys of one cluster object; the object is held so its id cannot be reused while
+    the entry lives."""
     hit = _cluster_keys.get(id(cluster))
     if hit is not None and hit[0] is cluster:
         return hit[1]
-    key = repr(cluster)
     if len(_cluster_keys) >= 256:
         _cluster_keys.clear()
-    _cluster_keys[id(cluster)] = (cluster, key)
-    return key
+    keys: dict = {}
+    _cluster_keys[id(cluster)] = (cluster, keys)
+    return keys
+
+
+def cluster_key(cluster) -> str:
+    """The cluster's full content (frozen dataclasses: their repr lists every field)."""
+    keys = _keys(cluster)
+    if "all" not in keys:
+        keys["all"] = repr(cluster)
+    return keys["all"]
+
+
+# What the cost models read of a cluster (tests/replay/test_cache.py runs them on a cluster that has
+# nothing else, so a model that starts reading another field fails there until it is added here).
+NETWORK_FIELDS = ("network",)                             # comet/hardware/network.py (levels derive from it)
+COMPUTE_FIELDS = ("gpu", "efficiency", "memory_expansion")  # comet/hardware/compute.py
+
+
+def network_key(cluster) -> str:
+    """The part of the cluster that collective and point-to-point times read: clusters that differ
+    elsewhere (GPU, HBM, prices) share their network costs."""
+    keys = _keys(cluster)
+    if "network" not in keys:
+        keys["network"] = repr(tuple(getattr(cluster, f) for f in NETWORK_FIELDS))
+    return keys["network"]
+
+
+def compute_key(cluster) -> str:
+    """The part of the cluster that compute and copy kernel times read."""
+    keys = _keys(cluster)
+    if "compute" not in keys:
+        keys["compute"] = repr(tuple(getattr(cluster, f) for f in COMPUTE_FIELDS))
+    return keys["compute"]
+
+
+def timing_key(cluster) -> tuple[str, str]:
+    """The part of the cluster that op durations read (compute and network models): clusters that
+    differ elsewhere (HBM capacity, prices, power) time every op alike."""
+    keys = _keys(cluster)
+    if "timing" not in keys:
+        keys["timing"] = (compute_key(cluster), network_key(cluster))
+    return keys["timing"]
 
 
 def block_config(par):
@@ -181,7 +253,7 @@ def disabled():
 
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory):
+    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, network, orders):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
@@ -192,4 +264,5 @@ def clear() -> None:
 def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
-            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks))}
+            (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks),
+             ("network", network), ("orders", orders))}

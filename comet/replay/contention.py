@@ -27,9 +27,11 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import StepGraph
-from comet.hardware.network import group_span, p2p_time_s
+from comet.hardware.network import group_span
 from comet.replay import cache
-from comet.replay.schedule import BWD, send_stride, task_blocks
+from comet.replay.kernels import HAVE_NUMBA, serial_shared_rows
+from comet.replay.schedule import task_kinds
+from comet.replay.timing import p2p_s
 
 
 def crosses_nic(size: int, stride: int, cluster: ClusterSpec) -> bool:
@@ -58,16 +60,18 @@ def _block_nic_s(g, cluster: ClusterSpec, timed) -> float:
             # a send to a peer in another domain, or a ring exchange (CP) whose ring spans domains: the
             # ranks at a domain's edge send through their NIC; the busiest rank is one of them
             nic_distance = max(op.group_stride, cluster.network[0].size)
-            per_rank[op.rank] = per_rank.get(op.rank, 0.0) + p2p_time_s(op.msg_bytes, nic_distance, cluster)
+            per_rank[op.rank] = per_rank.get(op.rank, 0.0) + p2p_s(op.msg_bytes, nic_distance, cluster)
     return max(per_rank.values(), default=0.0)
 
 
-def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "") -> np.ndarray | None:
+def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "",
+                groups: dict | None = None, kinds: tuple | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
-    the op's duration; `b_dur[stage, chunk]`: backward task durations."""
-    nic = cache.facts.get_or(("backward NIC seconds", cache.object_key(graph), cache.cluster_key(cluster), precision),
-                             lambda: _backward_nic_s(graph, cluster, timed))
+    the op's duration; `b_dur[stage, chunk]`: backward task durations; `groups`: stages sharing one
+    StageSync (step._stage_groups), or None (each stage on its own); `kinds`: schedule.task_kinds(plan)
+    when the caller has it."""
+    nic = _backward_nic_s(graph, cluster, timed, precision, groups, kinds)
     if nic is None:
         return None
     busy = np.sum(b_dur, axis=1)
@@ -76,35 +80,55 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
     return rate if (rate < 1.0).any() else None
 
 
-def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed) -> np.ndarray | None:
+def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,
+                    groups: dict | None, task_kinds_: tuple | None) -> np.ndarray | None:
     """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
     chunk); None when no stage's does."""
-    plan = graph.plan
-    if not any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster)
-               for st in graph.stages for bs in st.grad_buckets):
+    mask = np.zeros(len(graph.stages), dtype=bool)
+    for stages in (groups.values() if groups is not None else ([s] for s in range(len(graph.stages)))):
+        st = graph.stages[stages[0]]
+        mask[stages] = any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
+    if not mask.any():
         return None
-    block_nic: dict[str, float] = {}
-    out = np.zeros(plan.pp)
-    for s, st in enumerate(graph.stages):
-        if not any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets):
-            continue
-        for c in range(plan.vpp):
-            for key in task_blocks(plan, s, c, BWD):
-                if key not in block_nic:
-                    block_nic[key] = _block_nic_s(graph.blocks[key], cluster, timed)
-                out[s] += block_nic[key]
-            stride = send_stride(plan, s, c, BWD)
+    plan = graph.plan
+    kinds, _, b_kind = task_kinds_ or task_kinds(plan)
+    ckey = cache.timing_key(cluster)     # block durations, placement and sends read only these
+
+    def block_nic(key: str) -> float:
+        g = graph.blocks[key]
+        # a block's NIC load depends only on its content, the cluster and the precision
+        return cache.durations.get_or(("NIC seconds", cache.block_signature(g), ckey, precision),
+                                      lambda: _block_nic_s(g, cluster, timed))
+
+    def per_kind() -> np.ndarray:
+        kind_nic = np.zeros(len(kinds))
+        of_block = {key: block_nic(key) for keys, _ in kinds for key in dict.fromkeys(keys)}
+        for k, (keys, stride) in enumerate(kinds):
+            for key in keys:
+                kind_nic[k] += of_block[key]
             if stride is not None and _p2p_crosses(stride, cluster):
-                out[s] += p2p_time_s(plan.p2p_bytes, stride, cluster)
-    return out
+                kind_nic[k] += p2p_s(plan.p2p_bytes, stride, cluster)
+        return kind_nic
+
+    # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
+    kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,
+                                   precision, plan.p2p_bytes), per_kind)
+    return np.where(mask, kind_nic[b_kind].sum(axis=1), 0.0)
 
 
 def serial_shared(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,
                   rate: np.ndarray) -> np.ndarray:
     """End times of transfers run one after another on one stream (rows: stages), each no earlier than
     its ready time, at `rate` of the port before `window_end` and the full port after."""
+    if HAVE_NUMBA:
+        # perf: rows x buckets in compiled code (the numpy loop below costs ~5 us a bucket); per-row
+        # arguments of length 1 and a 1-D dur (one per column) broadcast inside the kernel
+        row = lambda a: np.ascontiguousarray(np.atleast_1d(a), dtype=float)   # noqa: E731
+        return serial_shared_rows(np.ascontiguousarray(ready, float), np.ascontiguousarray(
+            np.atleast_2d(dur), float), row(t0), row(window_end), row(rate))
+    t0 = np.broadcast_to(np.asarray(t0, dtype=float), ready.shape[:1])
     ends = np.empty_like(ready, dtype=float)
-    prev = np.broadcast_to(np.asarray(t0, dtype=float), ready.shape[:1]).copy()
+    prev = t0.copy()
     for k in range(ready.shape[1]):
         start = np.maximum(ready[:, k], prev)
         shared = np.maximum(window_end - start, 0.0)          # time left in the contended window

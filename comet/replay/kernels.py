@@ -166,25 +166,37 @@ def pipeline_tasks(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarra
     return phase, chunk, mb, dur, src, release, end, last_b, left == 0
 
 
+# A task's code in a visit order (pipeline_summary records it, replay_in_order reads it): the visit
+# position of the task it waits for on another stage (n: none) in the low 32 bits, 2 flag bits, then
+# its kind (stage * 2 + phase) * vpp + chunk from bit 34.
+FIRST_FORWARD, LAST_BACKWARD = 1, 2
+
+
 @njit(cache=True, nogil=True)
 def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, f_dur: np.ndarray,
                      b_dur: np.ndarray, f_release: np.ndarray):
     """pipeline_tasks without the per-task arrays: what the step replay reads of the task level.
     Returns, per stage, the end of its last task, the start of every chunk's last backward (pp, vpp),
     the idle time waiting for other stages (bubble) and waiting for a parameter all-gather (a first
-    forward that starts at its release, its input having arrived earlier); and whether every task was
-    scheduled. The same order and arithmetic as pipeline_tasks, task by task."""
+    forward that starts at its release, its input having arrived earlier); whether every task was
+    scheduled; and the visit order's codes (the schedule's DAG does not depend on durations, so
+    replay_in_order replays another candidate of this shape from them). The same order and arithmetic
+    as pipeline_tasks, task by task."""
     per = 2 * m * vpp
     total = m * vpp
-    end4 = np.full((pp, 2, vpp, m), -1.0)                  # (stage, phase, chunk, mb) -> end time
+    n = pp * per
+    at = np.full((pp, 2, vpp, m), -1, dtype=np.int64)     # (stage, phase, chunk, mb) -> visit position
+    end = np.empty(n + 1)
+    end[n] = 0.0                                           # "no dependency"
+    code = np.empty(n, dtype=np.int64)
     ptr = np.zeros(pp, dtype=np.int64)
     prev = np.zeros(pp)
     last_b_start = np.zeros((pp, vpp))
     bubble = np.zeros(pp)
     gather_wait = np.zeros(pp)
-    left = pp * per
+    i = 0
     down = True
-    while left > 0:
+    while i < n:
         progressed = False
         for k in range(pp):
             s = k if down else pp - 1 - k
@@ -214,11 +226,12 @@ def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
                     ss, cc = (s - 1, c) if s > 0 else (pp - 1, c - 1)
                 else:
                     ss, cc = (s + 1, c) if s < pp - 1 else (0, c + 1)
-                t = 0.0
+                src = n
                 if cc >= 0 and cc < vpp:
-                    t = end4[ss, ph, cc, b]
-                    if t < 0.0:
+                    src = at[ss, ph, cc, b]
+                    if src < 0:
                         break                              # its input is not computed yet
+                t = end[src]
                 src_end = t
                 r = f_release[s, c] if (fwd and b == 0) else 0.0
                 if r > t:
@@ -229,16 +242,129 @@ def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
                     gather_wait[s] += gap
                 else:
                     bubble[s] += gap
-                if not fwd and b == m - 1:
+                flag = 0
+                if fwd and b == 0:
+                    flag = FIRST_FORWARD
+                elif not fwd and b == m - 1:
+                    flag = LAST_BACKWARD
                     last_b_start[s, c] = start
                 prev[s] = start + (f_dur[s, c] if fwd else b_dur[s, c])
-                end4[s, ph, c, b] = prev[s]
+                end[i] = prev[s]
+                code[i] = src | (flag << 32) | (((s * 2 + ph) * vpp + c) << 34)
+                at[s, ph, c, b] = i
+                i += 1
                 j += 1
             if j != ptr[s]:
-                left -= j - ptr[s]
                 ptr[s] = j
                 progressed = True
         if not progressed:
             break
         down = not down
-    return prev, last_b_start, bubble, gather_wait, left == 0
+    return prev, last_b_start, bubble, gather_wait, i == n, code
+
+
+@njit(cache=True, nogil=True)
+def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray,
+                    end: np.ndarray):
+    """pipeline_summary over the visit order it recorded for this shape: one pass, no schedule logic. The
+    same arithmetic per task as pipeline_summary, and each stage's tasks in the same order, so the
+    results are equal bit for bit. dur[(stage * 2 + phase) * vpp + chunk]: task durations;
+    f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1."""
+    n = code.shape[0]
+    prev = np.zeros(pp)
+    last_b_start = np.zeros(pp * vpp)
+    bubble = np.zeros(pp)
+    gather_wait = np.zeros(pp)
+    end[n] = 0.0                                           # "no dependency"
+    # perf: a kind's stage and (stage, chunk) from tables, not integer divisions per task
+    stage_of = np.empty(pp * 2 * vpp, dtype=np.int64)
+    chunk_of = np.empty(pp * 2 * vpp, dtype=np.int64)
+    for kind in range(pp * 2 * vpp):
+        stage_of[kind] = kind // (2 * vpp)
+        chunk_of[kind] = stage_of[kind] * vpp + kind % vpp
+    for i in range(n):
+        x = code[i]
+        kind = x >> 34
+        flag = (x >> 32) & 3
+        s = stage_of[kind]
+        t = end[x & 0xFFFFFFFF]
+        p = prev[s]
+        if flag == FIRST_FORWARD:
+            src_end = t
+            r = f_release[chunk_of[kind]]
+            if r > t:
+                t = r
+            start = p if p > t else t
+            if r > 0.0 and start == r and src_end < start:
+                gather_wait[s] += start - p
+            else:
+                bubble[s] += start - p
+        else:
+            start = p if p > t else t
+            bubble[s] += start - p
+            if flag == LAST_BACKWARD:
+                last_b_start[chunk_of[kind]] = start
+        p = start + dur[kind]
+        prev[s] = p
+        end[i] = p
+    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
+
+
+@njit(inline="always")
+def _port_end(ready: float, prev: float, window_end: float, rate: float, need: float) -> float:
+    """End of a transfer of `need` port-seconds on a stream free at `prev`, ready at `ready`, at `rate`
+    of the port before `window_end` and the full port after (contention.serial_shared's arithmetic)."""
+    start = ready if ready > prev else prev
+    shared = window_end - start
+    if shared < 0.0:
+        shared = 0.0
+    done_in_window = shared * rate
+    if need <= done_in_window:
+        return start + need / rate
+    return start + shared + (need - done_in_window)
+
+
+@njit(cache=True, nogil=True)
+def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,
+                       rate: np.ndarray) -> np.ndarray:
+    """contention.serial_shared, row by row (the same arithmetic). dur: (rows, cols) or (1, cols);
+    t0, window_end, rate: (rows,) or (1,)."""
+    rows, cols = ready.shape
+    ends = np.empty((rows, cols))
+    for r in range(rows):
+        prev = t0[r if t0.shape[0] > 1 else 0]
+        w = window_end[r if window_end.shape[0] > 1 else 0]
+        q = rate[r if rate.shape[0] > 1 else 0]
+        d = r if dur.shape[0] > 1 else 0
+        for k in range(cols):
+            prev = _port_end(ready[r, k], prev, w, q, dur[d, k])
+            ends[r, k] = prev
+    return ends
+
+
+@njit(cache=True, nogil=True)
+def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray, head: float,
+                         per_layer: float, all_compute: float, n: int, count: int, progressive: bool, dur: float):
+    """The DP stream of stages (rows) whose gradient buckets are one chunk's `count` equal buckets of
+    `dur` seconds: bucket k is ready at start[r] + step.bucket_ready_offsets (the same arithmetic), the
+    stream shares the port as serial_shared_rows. Returns (ends (rows, count), True), or (empty,
+    False) when the offsets are not in bucket order (the caller sorts them)."""
+    offsets = np.empty(count)
+    for k in range(count):
+        if progressive and n > 0 and k < count - 1:
+            offsets[k] = head + np.ceil(((k + 1) * n) / count) * per_layer
+        else:
+            offsets[k] = all_compute
+    for k in range(1, count):
+        if offsets[k] < offsets[k - 1]:
+            return np.empty((0, count)), False
+    rows = start.shape[0]
+    ends = np.empty((rows, count))
+    for r in range(rows):
+        prev = t0[r]
+        w = window_end[r]
+        q = rate[r]
+        for k in range(count):
+            prev = _port_end(start[r] + offsets[k], prev, w, q, dur)
+            ends[r, k] = prev
+    return ends, True

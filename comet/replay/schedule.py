@@ -10,7 +10,11 @@ al. 2019).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+
+from comet.replay import cache
 
 FWD, BWD = 0, 1
 
@@ -93,3 +97,32 @@ def task_blocks(plan, stage: int, chunk: int, phase: int) -> list[str]:
         return (["embedding.fwd"] if vs == 0 else []) + [f"{k}.fwd" for k in kinds] + (["head.fwd"] if vs == last else [])
     layers = [b for k in reversed(kinds) for b in ([f"{k}.recompute"] if plan.recompute_layers else []) + [f"{k}.bwd"]]
     return (["head.bwd"] if vs == last else []) + layers + (["embedding.bwd"] if vs == 0 else [])
+
+
+def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
+    kinds: dict = {}
+    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
+    last = plan.pp * plan.vpp - 1
+    blocks_of: dict = {}     # perf: a task's blocks depend on its layer kinds and whether it holds an end
+    for s in range(plan.pp):
+        for c in range(plan.vpp):
+            vs = c * plan.pp + s
+            role = (plan.layer_kinds(vs), vs == 0, vs == last)
+            for phase in (FWD, BWD):
+                if (role, phase) not in blocks_of:
+                    blocks_of[role, phase] = tuple(task_blocks(plan, s, c, phase))
+                # the task ends with a blocking send (None: the last forward / first backward)
+                key = (blocks_of[role, phase], send_stride(plan, s, c, phase))
+                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
+    ids.flags.writeable = False
+    return list(kinds), ids[FWD], ids[BWD]
+
+
+_task_kinds_shared = cache.memoized(256)(_task_kinds)
+
+
+def task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
+    """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
+    forward and backward runs (read-only arrays): middle stages all run the same few."""
+    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
+    return _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))

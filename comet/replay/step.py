@@ -3,20 +3,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.hardware.network import p2p_time_s
 from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
+from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
-from comet.replay.schedule import BWD, FWD, send_stride, task_blocks
-from comet.replay.timing import timed_s
+from comet.replay.schedule import task_kinds
+from comet.replay.timing import p2p_s, timed_s
 from comet.result import BREAKDOWN_KEYS
 
 
@@ -32,6 +33,46 @@ class StageTail:
     partner_wait: float = 0.0  # waiting for the other end of the tied-embedding all-reduce
 
 
+class StageTails(Sequence):
+    """Every stage's tail as arrays (pp,), a StageTail built per access (a timeline, a test): the step
+    reads the arrays."""
+
+    def __init__(self, compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait,
+                 events: list | None):
+        self.compute_end, self.optimizer_start, self.optimizer_end, self.end = compute_end, optimizer_start, optimizer_end, end
+        self.adam, self.offload, self.partner_wait = adam, offload, partner_wait
+        self.events = events
+
+    def __len__(self) -> int:
+        return len(self.end)
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[i] for i in range(*s.indices(len(self)))]
+        s = range(len(self))[s]
+        return StageTail(float(self.compute_end[s]), float(self.optimizer_start[s]), float(self.optimizer_end[s]),
+                         self.events[s] if self.events is not None else [], float(self.end[s]), float(self.adam[s]),
+                         float(self.offload[s]), float(self.partner_wait[s]))
+
+
+class TaskParts(Sequence):
+    """[stage][chunk] -> parts dict of a task, from the distinct task kinds (schedule.task_kinds) and
+    which kind each (stage, chunk) runs: no per-stage lists built unless asked for."""
+
+    def __init__(self, parts_of: list[dict], kind: np.ndarray):
+        self.parts_of, self.kind = parts_of, kind
+        self._rows: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def __getitem__(self, s) -> list[dict]:
+        row = self._rows.get(s)
+        if row is None:     # a timeline reads a stage's row once per task
+            row = self._rows[s] = [self.parts_of[k] for k in self.kind[s].tolist()]
+        return row
+
+
 @dataclass
 class StepReplay:
     step_time_s: float
@@ -39,9 +80,9 @@ class StepReplay:
     critical_stage: int
     stage_end: np.ndarray
     blocks: dict[str, BlockTiming]
-    tails: list[StageTail]
-    f_parts: list            # [stage][chunk] -> parts dict of a forward task
-    b_parts: list
+    tails: StageTails        # [stage] -> StageTail
+    f_parts: TaskParts       # [stage][chunk] -> parts dict of a forward task
+    b_parts: TaskParts
     plan: object = None      # the PipelinePlan replayed
     task_durations: tuple = ()   # (f_dur, b_dur, f_release) per (stage, chunk): the task level's inputs
     _tasks: tuple | None = field(default=None, repr=False)
@@ -68,23 +109,6 @@ def _scaled(parts: dict, k: float, into: dict) -> None:
         into[key] = into.get(key, 0.0) + k * v
 
 
-def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
-    """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
-    forward and backward runs: middle stages all run the same few."""
-    kinds: dict = {}
-    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
-    for s in range(plan.pp):
-        for c in range(plan.vpp):
-            for phase in (FWD, BWD):
-                # the task ends with a blocking send (None: the last forward / first backward)
-                key = (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
-                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
-    return list(kinds), ids[FWD], ids[BWD]
-
-
-_task_kinds_shared = cache.memoized(256)(_task_kinds)
-
-
 def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
     """The parts of blocks `keys` run one after another (summed in order). Shared between candidates
     whose blocks are the same (cached) BlockTiming objects; the key holds them, so ids stay unique."""
@@ -99,23 +123,29 @@ def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
     return cache.facts.get_or(("blocks parts", keys, tuple(map(id, held))), total)[0]
 
 
-def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec):
-    """Durations and parts of every (stage, chunk) forward and backward task."""
+def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec, precision: str, task_kinds_):
+    """Durations and parts of every (stage, chunk) forward and backward task; `task_kinds_`:
+    schedule.task_kinds(graph.plan)."""
     plan = graph.plan
-    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
-    kinds, f_kind, b_kind = _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
-    parts_of, dur_of = [], []
-    for keys, stride in kinds:
-        parts = dict(_blocks_parts(keys, blocks))
-        if stride is not None:
-            parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
-                                   + plan.p2p_exposed * p2p_time_s(plan.p2p_bytes, stride, cluster))
-        parts_of.append(parts)
-        dur_of.append(sum(parts.values()))
-    dur_of = np.array(dur_of)
-    f_parts = [[parts_of[k] for k in row] for row in f_kind.tolist()]
-    b_parts = [[parts_of[k] for k in row] for row in b_kind.tolist()]
-    return dur_of[f_kind], dur_of[b_kind], f_parts, b_parts
+    kinds, f_kind, b_kind = task_kinds_
+
+    def per_kind() -> tuple[np.ndarray, list]:
+        parts_of, dur_of = [], []
+        for keys, stride in kinds:
+            parts = dict(_blocks_parts(keys, blocks))
+            if stride is not None:
+                parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
+                                       + plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster))
+            parts_of.append(parts)
+            dur_of.append(sum(parts.values()))
+        return np.array(dur_of), parts_of
+
+    # perf: a task kind's parts depend on its blocks (timed on this cluster at this precision) and the
+    # pipeline send; candidates that share the builder's blocks (cache.blocks) share the table
+    dur_of, parts_of = cache.facts.get_or(
+        ("task kind parts", cache.object_key(graph.blocks), cache.object_key(kinds), cache.timing_key(cluster),
+         precision, plan.p2p_bytes, plan.p2p_exposed), per_kind)
+    return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
 
 def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
@@ -131,7 +161,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     blocks = {k: time_block(g, cluster, precision, keep_block_replays) for k, g in graph.blocks.items()}
     plan = graph.plan
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
-    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster)
+    kinds = task_kinds(plan)
+    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster, precision, kinds)
 
     memo: dict = {}
 
@@ -142,41 +173,40 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             memo[key] = timed_s(op, cluster, precision)
         return memo[key]
 
+    groups = _stage_groups_shared(graph)
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     # chunk's first forward waits for the buckets holding its first layer.
-    gather_end = [0.0] * pp
+    gather_end = np.zeros(pp)
     gather_events: list[list] = [[] for _ in range(pp)]   # (name, start, end) for the timeline
     f_release = np.zeros((pp, vpp))
-    for s, st in enumerate(graph.stages):
+    for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
+        st = graph.stages[stages[0]]
         if not (st.param_gathers and st.gather_before_forward):
             continue
         clock = 0.0
         for bs in st.param_gathers:
             d = t(bs.op)
-            first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s], 1))
-            f_release[s, bs.chunk] = clock + first_layer * d
+            first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + stages[0]], 1))
+            f_release[stages, bs.chunk] = clock + first_layer * d
             if keep_block_replays:
-                gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
-                                     for k in range(bs.count)]
+                for s in stages:
+                    gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
+                                         for k in range(bs.count)]
             clock += bs.count * d
-        gather_end[s] = clock
+        gather_end[stages] = clock
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
-    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, summary, gather_end, t, blocks, record=keep_block_replays, dp_rate=dp_rate)
-    if keep_block_replays:
-        for s in range(pp):
-            tails[s].dp_events[:0] = gather_events[s]
-    stage_end = np.array([tl.end for tl in tails])
-    crit = int(np.argmax(stage_end))
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
+    tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
+                   dp_rate=dp_rate)
+    crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
-    return StepReplay(float(stage_end[crit]), breakdown, crit, stage_end, blocks, tails, f_parts, b_parts, plan,
+    return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
                       (f_dur, b_dur, f_release))
 
 
-def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
-    """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
-    backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
-    ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
+def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple[float, float, float, int]:
+    """(output head's backward, mean backward per layer, the chunk's whole backward, layers) of a
+    chunk's last backward task: what bucket_ready_offsets reads of the blocks."""
     plan = graph.plan
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
@@ -185,6 +215,14 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
                                                        else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
+    return float(head), float(per_layer), float(all_compute), int(n)
+
+
+def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
+    """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
+    backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
+    ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
+    head, per_layer, all_compute, n = _bucket_ready_terms(graph, blocks, stage, bs)
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)
     layers_done = np.ceil(np.arange(1, bs.count + 1) * n / bs.count)
@@ -201,58 +239,87 @@ def _stage_groups(graph: StepGraph) -> dict:
     for s, st in enumerate(graph.stages):
         role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
         groups.setdefault(role, []).append(s)
-    return groups
+    return {role: np.array(stages) for role, stages in groups.items()}   # index arrays (read-only)
 
 
-def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
-           record: bool = False, dp_rate: np.ndarray | None = None) -> list[StageTail]:
-    """Each stage's DP stream, tied-embedding sync and optimizer; DP events are listed only when
-    `record` (for the timeline)."""
+def _stage_groups_shared(graph: StepGraph) -> dict:
+    return cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
+
+
+def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end: np.ndarray, t, blocks,
+           events: list | None = None, dp_rate: np.ndarray | None = None) -> StageTails:
+    """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
+    (name, start, end) so far, extended here (for the timeline); None: not recorded."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
-    gather_end = np.asarray(gather_end, dtype=float)
+    record = events is not None
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
-    groups = cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
     dp_end = gather_end.copy()
     adam = np.zeros(pp)
     link = np.zeros(pp)
-    events: list = [[] for _ in range(pp)]
     for stages in groups.values():
         st = graph.stages[stages[0]]
-        rows = np.asarray(stages)
+        rows = stages
         adam[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
         link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
         if not st.grad_buckets:
             continue
-        offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
-        durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
-        chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
-        ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
-        order = np.argsort(ready, axis=1, kind="stable")
+        if len(st.grad_buckets) == 1 and dp_rate is not None and HAVE_NUMBA and not record:
+            # perf: one chunk's equal buckets on a shared port, offsets and stream in one compiled
+            # pass (the generic path below, bit for bit; tests/replay/test_contention.py)
+            bs = st.grad_buckets[0]
+            ends, in_order = shared_bucket_stream(
+                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows],
+                *_bucket_ready_terms(graph, blocks, stages[0], bs), bs.count, bs.progressive, float(t(bs.op)))
+            if in_order:
+                dp_end[rows] = ends[:, -1]
+                continue
+        if len(st.grad_buckets) == 1:
+            bs = st.grad_buckets[0]
+            offsets = bucket_ready_offsets(graph, blocks, stages[0], bs)
+            durs = np.full(bs.count, t(bs.op))
+            chunk_of = None
+        else:
+            offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
+            durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
+            chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
+        if chunk_of is None and (offsets[1:] >= offsets[:-1]).all():
+            # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
+            # offsets): the stable sort is the identity
+            order = None
+            ready = last_b_start[rows, bs.chunk][:, None] + offsets[None, :]
+            in_order, durs_in_order = ready, durs
+        else:
+            if chunk_of is None:
+                chunk_of = np.full(len(offsets), st.grad_buckets[0].chunk)
+            ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
+            order = np.argsort(ready, axis=1, kind="stable")
+            in_order, durs_in_order = np.take_along_axis(ready, order, axis=1), durs[order]
         if dp_rate is None:
-            ends = _serial(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows, None])
+            ends = _serial(in_order, durs_in_order, gather_end[rows, None])
         else:   # the DP stream gets the NIC share the backward's traffic leaves until the stage's last backward ends
-            ends = serial_shared(np.take_along_axis(ready, order, axis=1), durs[order], gather_end[rows],
-                                 summary.compute_end[rows], dp_rate[rows])
+            ends = serial_shared(in_order, durs_in_order, gather_end[rows], summary.compute_end[rows], dp_rate[rows])
         dp_end[rows] = ends[:, -1]
         if record:
             names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
             for r, s in enumerate(stages):
-                events[s] = [(names[i], e - durs[i], e) for i, e in zip(order[r].tolist(), ends[r].tolist())]
+                idx = range(len(names)) if order is None else order[r].tolist()
+                events[s] += [(names[i], e - durs[i], e) for i, e in zip(idx, ends[r].tolist())]
     compute_end = summary.compute_end
     partner_wait = np.zeros(pp)
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
-    emb = [s for s, st in enumerate(graph.stages) if st.embedding_sync is not None]
+    emb = sorted(s for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None for s in stages)
     if emb:
         ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
         start = max(ready_at.values())
         for s in emb:
             d = t(graph.stages[s].embedding_sync)
             partner_wait[s] = start - ready_at[s]
-            events[s].append(("embedding.grad_all_reduce", start, start + d))
+            if record:
+                events[s].append(("embedding.grad_all_reduce", start, start + d))
             dp_end[s] = start + d
     offload = np.maximum(0.0, link - adam)
     optimizer_start = np.maximum(compute_end, dp_end)
@@ -268,9 +335,7 @@ def _tails(graph: StepGraph, summary: PipelineSummary, gather_end, t, blocks,
                 for s in stages:
                     events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
             end[stages] += bs.count * d
-    values = zip(compute_end.tolist(), optimizer_start.tolist(), optimizer_end.tolist(), end.tolist(), adam.tolist(),
-                 offload.tolist(), partner_wait.tolist())
-    return [StageTail(ce, os_, oe, events[s], e, a, o, w) for s, (ce, os_, oe, e, a, o, w) in enumerate(values)]
+    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
 
 
 def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:

@@ -6,16 +6,31 @@ from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Collective, Op, OpKind
 from comet.hardware.compute import compute_op_time_s, offload_time_s
 from comet.hardware.network import collective_time_s, p2p_time_s
+from comet.replay import cache
+
+
+def p2p_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
+    """network.p2p_time_s, computed once per (bytes, distance, network): a search asks for the same
+    pipeline sends on every candidate."""
+    return cache.network.get_or(("p2p", msg_bytes, distance, cache.network_key(cluster)),
+                                lambda: p2p_time_s(msg_bytes, distance, cluster))
+
+
+def collective_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec,
+                 flat: bool = False) -> float:
+    """network.collective_time_s, computed once per its arguments and the cluster's network."""
+    return cache.network.get_or((kind, msg_bytes, size, stride, flat, cache.network_key(cluster)),
+                                lambda: collective_time_s(kind, msg_bytes, size, stride, cluster, flat=flat))
 
 
 def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     if op.kind is OpKind.COMPUTE:
         return compute_op_time_s(op, cluster, precision)
     if op.kind is OpKind.COLLECTIVE:
-        return collective_time_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
-                                 op.group_stride, cluster, flat=op.flat_ring)
+        return collective_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
+                            op.group_stride, cluster, flat=op.flat_ring)
     if op.kind in (OpKind.SEND, OpKind.RECV):
-        return p2p_time_s(op.msg_bytes, op.group_stride, cluster)
+        return p2p_s(op.msg_bytes, op.group_stride, cluster)
     if op.kind is OpKind.MEMCPY:
         return offload_time_s(op.bytes, cluster)
     return op.duration_s or 0.0

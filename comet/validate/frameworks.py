@@ -20,9 +20,10 @@ Sources of the defaults:
   gradients reduced in BF16 (`grad_reduce_in_fp32: false` / `grad_sync_dtype: bf16`), micro-batch 1.
 - torchtitan (`torchtitan/config/job_config.py`): FSDP2 (ZeRO 3), selective activation checkpointing,
   `mixed_precision_reduce = float32`, FSDP2 prefetches the next module's all-gather, no vocab padding,
-  SDPA flash attention, sequence parallel with TP.
+  SDPA flash attention (FlashAttention-2 kernels: `attention_kernel` fa2), sequence parallel with TP.
 - llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
-  FSDP default), bf16, flash attention, no vocab padding (MPT configs already pad to 50368).
+  FSDP default), bf16, flash attention (`attn_impl: flash`, the flash-attn 2 package: fa2), no vocab padding
+  (MPT configs already pad to 50368).
 - MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash;
   `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
 - torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
@@ -34,6 +35,16 @@ Sources of the defaults:
   DeepSpeed config defaults (ParallelConfig.zero3_live_params).
 - Meta's Llama 3 stack (Llama 3 paper sec. 3.3): FSDP (ZeRO 2 style), bf16, flash attention, TP with SP,
   uneven pipeline stages (one layer fewer on the first and the last, sec. 3.3.2).
+- Interleaved pipeline schedule (`interleave`, used where a row leaves `vpp` empty; comet/validate/layout.py):
+  Megatron-LM since the SC21 paper (Narayanan et al. sec. 2.2.2, `--num-layers-per-virtual-pipeline-stage`),
+  Megatron-Core / NeMo / Megatron-Bridge (`virtual_pipeline_model_parallel_size`); each stage's layers
+  split evenly over its vpp chunks (arguments.py: "number of layers per pipeline stage must be divisible by
+  number of layers per virtual pipeline stage"). The Llama 3 stack interleaves with chunks of unequal size
+  (Llama 3 paper sec. 3.3.2, Fig. 6). torchtitan: `pipeline_parallel_schedule = Interleaved1F1B`
+  (torch.distributed.pipelining). Cannot: DeepSpeed (its PipelineEngine runs one stage per rank,
+  deepspeed/runtime/pipe/schedule.py TrainSchedule), llm-foundry and automodel as used here (FSDP, no
+  pipeline), MaxText (its circular pipeline, `num_pipeline_repeats`, is an XLA schedule comet does not model),
+  generic rows (no framework: comet's default 1F1B).
 - Generic (framework empty or unknown): comet's ParallelConfig defaults.
 FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
 """
@@ -64,6 +75,7 @@ class FrameworkDefaults:
     fp8_recipe: str = "delayed"
     fp8_impl: str = "te"                     # Transformer Engine; torchtitan uses torchao Float8Linear
     selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
+    attention_kernel: str = "fused"          # TE / cuDNN fused attention; fa2: PyTorch SDPA / flash-attn 2
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
@@ -75,11 +87,13 @@ class FrameworkDefaults:
     selective_recompute: bool = True         # has selective recompute (Megatron-LM since Korthikanti et al. 2022)
     uneven_pipeline: bool = False            # stages of unequal layer counts (Megatron-Core first/last-stage
                                              # layers; earlier stacks need pp to divide the layers)
+    interleave: bool = False                 # runs the interleaved 1F1B schedule (vpp > 1)
+    uneven_chunks: bool = False              # a stage's vpp chunks may differ in layer count
     notes: dict = field(default_factory=dict)   # column -> why this default (shown with the assumption)
 
 
 _MEGATRON_CORE = FrameworkDefaults(
-    "megatron-lm", zero=0, uneven_pipeline=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
+    "megatron-lm", zero=0, uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
     overlap_param_gather=False,
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
@@ -88,7 +102,7 @@ _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision=
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
 _NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
-                          uneven_pipeline=True,
+                          uneven_pipeline=True, interleave=True,
                           notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
                                  "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})
 
@@ -101,10 +115,12 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     # weights (a different byte count): no BF16-state step for it
     "megatron-bridge": replace(_NEMO, key="megatron-bridge", bf16_optimizer_state=False),
     "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
-                                    selective_policy="op_sac", fp8_impl="torchao",
+                                    selective_policy="op_sac", fp8_impl="torchao", attention_kernel="fa2",
+                                    interleave=True,
                                     flops_formula="palm_6n"),
     "automodel": FrameworkDefaults("automodel", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
     "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, overlap_param_gather=False, vocab_pad_to=1,
+                                     attention_kernel="fa2",
                                      flops_formula="llm_foundry"),
     "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
                                  selective_policy="save_qkv"),
@@ -119,8 +135,9 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
                                           "zero3_live_params": "gathered parameters kept at once: "
                                           "stage3_max_live_parameters + stage3_prefetch_bucket_size"}),
     # Llama 3 paper sec. 3.3.2: pipeline stages balanced by one layer fewer on the first and last stage
+    # and an interleaved schedule whose chunks need not be equal (sec. 3.3.2, Fig. 6)
     "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
-                                       uneven_pipeline=True),
+                                       uneven_pipeline=True, interleave=True, uneven_chunks=True),
 }
 GENERIC = FrameworkDefaults("generic")
 

@@ -27,12 +27,15 @@ LIMITATIONS = (
     "(tokens/s) of the training steps only, so these rows read 10-25% fast while the same runs' iteration "
     "times are closer.",
     "Cells a source leaves empty take the framework's documented default, which is not always what the run "
-    "used: dgxc Nemotron-4 340B rows without `vpp` are modelled without interleaving (the same recipe with vpp "
-    "12 is within 5%). Where a default does not fit, the memory-knob ladder picks the least memory-saving "
+    "used. Where a default does not fit, the memory-knob ladder picks the least memory-saving "
     "setting that does; the run may have used a different one (e.g. BF16 optimizer state instead of FP8 "
     "weights): the choice is listed per row.",
     "A layout the source does not state is the fastest feasible one under comet's own model, so these rows "
-    "measure comet's optimum against a tuned run, not the run's configuration. Rows without a global batch "
+    "measure comet's optimum against a tuned run, not the run's configuration. The same holds for an empty "
+    "`vpp` on a framework that interleaves: dgxc Nemotron-4 340B and NeMo GPT-3 175B get vpp 12, what other "
+    "releases of those recipes state; SC21 Table 1 and the Megatron-LM README rows (which state the "
+    "interleaved schedule or none) get depths 2-23 and read 2-17% fast, as the efficiency parameters were "
+    "last fitted with those rows at vpp 1. Rows without a global batch "
     "(NeMo Launcher GPT-3 175B) or a vocabulary (NeMo Nemotron-8B/22B: the launcher yaml leaves the tokenizer "
     "empty) stay skipped: both set the step's work (batch; output-layer FLOPs and memory), and no generic "
     "default stands in for them.",
@@ -40,9 +43,10 @@ LIMITATIONS = (
     "compiled kernels' fusion are not modelled (the 96 GB HBM is), so these rows are predicted fast.",
     "MaxText `selective` is read as remat_policy save_qkv_proj and torchtitan `selective` as per-op SAC; a run "
     "with another policy saves a different set of tensors.",
-    "One hardware parameter set per GPU serves every software stack; stack-specific costs (elementwise "
-    "fusion, host overhead per layer, attention kernel generation) are not modelled per stack, so the "
-    "remaining bias splits by framework (see 'Residuals by regime').",
+    "One hardware parameter set per GPU serves every software stack; of the stack-specific costs, the "
+    "attention kernel generation (fused TE / cuDNN vs FlashAttention-2 in torchtitan and llm-foundry) and "
+    "torchao's dynamic-scaling FP8 casts are modelled, elementwise fusion and host overhead per layer are "
+    "not, so the remaining bias splits by framework (see 'Residuals by regime').",
     "Korthikanti's micro-batch-level selective recompute (App. C) is modelled as plain selective recompute "
     "(it skips recompute for some micro-batches; +0.4-0.9 MFU points in the paper).",
     "Rows of one run reported as two metrics (iteration time and MFU, or step time and time to train) are "

@@ -83,8 +83,10 @@ class Case:
     bad_column: str = ""                 # the cell that made the row unreadable
     assumptions: list[str] = field(default_factory=list)
     # (tp, pp) as stated, None where the source leaves it open: the layout is chosen at prediction time
-    # (comet/validate/layout.py); None once chosen or where both are stated
+    # (comet/validate/layout.py); None once chosen or where the layout is stated whole
     open_layout: tuple[int | None, int | None] | None = None
+    open_vpp: bool = False               # vpp empty, pp > 1 (or open) and the framework interleaves
+    layout_notes: list[str] = field(default_factory=list)   # assumptions of the stand-in layout (replaced)
     chosen: list[str] = field(default_factory=list)   # settings chosen for empty knobs (also in assumptions)
 
     @property
@@ -208,7 +210,8 @@ def build_model(c: Cells) -> ModelSpec:
 
 
 # ------------------------------------------------------------------------------------------- layout
-def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bool = False) -> ParallelConfig:
+def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bool = False,
+                   vpp: int | None = None) -> ParallelConfig:
     """The row's configuration on tp x pp. `provisional`: a stand-in layout for a row that states no
     split (every other cell is read and checked; dp is left to the layout search)."""
     d = c.d
@@ -226,7 +229,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
     if gpus is not None and dp is not None and tp * pp * dp * cp != gpus:
         raise RowError("num_gpus", c.text("num_gpus"), f"impossible layout: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} "
                        f"= {tp * pp * dp * cp}")
-    vpp = c.int_or("vpp", 1)
+    vpp = vpp or c.int_or("vpp", 1)
     mb = c.int_or("micro_batch", d.micro_batch)
     recompute = c.enum_or("recompute", d.recompute)
     if recompute == "full" and c.integer("recompute_layers") is not None:
@@ -270,6 +273,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B,
             recompute=Recompute(recompute), zero=zero, precision=Precision(precision),
             selective_policy=SelectivePolicy(d.selective_policy), fp8_impl=d.fp8_impl,
+            attention_kernel=d.attention_kernel,
             overlap_grad_reduce=c.bool_or("overlap_grad_reduce", d.overlap_grad_reduce),
             overlap_param_gather=c.bool_or("overlap_param_gather", d.overlap_param_gather),
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
@@ -284,10 +288,11 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
     return apply_expert_parallel(c.row, par, c.assumptions)
 
 
-def layout_config(case: Case, tp: int, pp: int) -> tuple[ParallelConfig, list[str]]:
-    """The configuration of an open-layout row on tp x pp, with the assumptions its cells add."""
+def layout_config(case: Case, tp: int, pp: int, vpp: int | None = None) -> tuple[ParallelConfig, list[str]]:
+    """The configuration of an open-layout row on tp x pp (x vpp where given), with the assumptions its
+    cells add."""
     notes: list[str] = []
-    return build_parallel(Cells(case.row, case.defaults, notes), case.model, tp, pp), notes
+    return build_parallel(Cells(case.row, case.defaults, notes), case.model, tp, pp, vpp=vpp), notes
 
 
 def _metric_inputs(c: Cells, case: Case) -> None:
@@ -324,9 +329,14 @@ def derive_case(row: dict, index: int) -> Case:
         case.cluster_file, case.hbm_GB, case.hbm_GBps = CLUSTER_FOR_GPU[gpu]
         case.model = build_model(c)
         tp, pp = c.integer("tp"), c.integer("pp")
+        case.open_vpp = d.interleave and c.integer("vpp") is None and (pp is None or pp > 1)
         if tp is None or pp is None:     # the layout is searched at prediction time (layout.py)
             case.open_layout = (tp, pp)
             case.parallel = build_parallel(Cells(row, d, []), case.model, tp or 1, pp or 1, provisional=True)
+        elif case.open_vpp:              # so is the interleaving depth; the stand-in is vpp 1
+            case.open_layout = (tp, pp)
+            case.parallel = build_parallel(Cells(row, d, case.layout_notes), case.model, tp, pp)
+            case.assumptions.extend(case.layout_notes)
         else:
             case.parallel = build_parallel(c, case.model, tp, pp)
         _metric_inputs(c, case)

@@ -72,17 +72,45 @@ class BlockBuilder:
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
-        """A GEMM; under FP8 the layer GEMMs run in FP8 (Transformer Engine) while the output layer
-        stays BF16 (Megatron's output layer is a plain ColumnParallelLinear, not a TE module) and so do
-        the batched attention GEMMs. TE casts each FP8 GEMM's input (forward) and output gradient
-        (dgrad) to FP8 with a fused cast + transpose + amax kernel: read 2 bytes, write 1 + 1 bytes per
-        element of the m x k operand (TE `fp8_cast_transpose_fused`); the wgrad reuses both."""
+        """A GEMM; under FP8 the layer GEMMs run in FP8 (Transformer Engine or torchao) while the output
+        layer stays BF16 (Megatron's output layer is a plain ColumnParallelLinear, not a TE module) and so
+        do the batched attention GEMMs; the casts to FP8 are memory-bound kernels (`_fp8_casts`)."""
         fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
-        if fp8 and not name.split("[")[0].endswith(".wgrad"):
-            after = [self.memory(f"{name}.fp8_cast_transpose", m * k * (ACT_BYTES + 2 * FP8_BYTES), after)]
+        if fp8:
+            after = self._fp8_casts(name, m, n, k, after)
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
                             flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
                             phase=self.phase), after)
+
+    def _fp8_casts(self, name: str, m: int, n: int, k: int, after) -> list:
+        """The kernels that quantize an FP8 GEMM's operands (m x k is the activation or output gradient,
+        k x n the weight), returning what the GEMM waits for.
+
+        Transformer Engine with delayed scaling uses the amax of earlier steps, so one fused cast +
+        transpose + amax kernel per quantized tensor: read 2 bytes, write 1 + 1 per element of the m x k
+        operand in the forward and the dgrad (TE `fp8_cast_transpose_fused`); the wgrad reuses both, and
+        the FP8 weight is cached across micro-batches.
+
+        torchao Float8Linear with dynamic scaling (torchao/float8/float8_linear.py
+        `matmul_with_hp_or_float8_args`; `hp_tensor_to_float8_dynamic`) needs the amax of the tensor it
+        is about to cast: every cast is an amax reduction (read 2 bytes) and then a cast (read 2, write 1),
+        5 bytes per element in two kernels, as the eager code issues them (torch.compile can fuse an
+        amax into the kernel producing the tensor). Forward: input and weight. Backward, at the dgrad:
+        the output gradient twice (dim0 for the dgrad, dim1 for the wgrad), the weight transposed and the
+        saved high-precision input along dim1 for the wgrad (the dgrad's output has the input's shape);
+        nothing is cached across micro-batches."""
+        base = name.split("[")[0]
+        if base.endswith(".wgrad"):
+            return list(after)
+        if self.par.fp8_impl != "torchao":
+            return [self.memory(f"{name}.fp8_cast_transpose", m * k * (ACT_BYTES + 2 * FP8_BYTES), after)]
+        casts = [("grad_dim0", m * k), ("grad_dim1", m * k), ("input_dim1", m * n), ("weight_t", k * n)] \
+            if base.endswith(".dgrad") else [("input", m * k), ("weight", k * n)]
+        deps = list(after)
+        for what, elements in casts:
+            amax = self.memory(f"{name}.fp8_amax_{what}", elements * ACT_BYTES, deps)
+            deps = [self.memory(f"{name}.fp8_cast_{what}", elements * (ACT_BYTES + FP8_BYTES), [amax])]
+        return deps
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
@@ -90,6 +118,7 @@ class BlockBuilder:
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
+                            variant="" if self.par.attention_kernel == "fused" else self.par.attention_kernel,
                             phase=self.phase), after)
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),

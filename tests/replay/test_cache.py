@@ -174,6 +174,27 @@ def test_compiled_summary_equals_the_task_arrays(schedule, pp, vpp, m):
         np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed: the numpy solver is the only one")
+@pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),
+                                               ("1f1b", 8, 1, 3), ("interleaved_1f1b", 2, 3, 4), ("1f1b", 1, 1, 4),
+                                               ("interleaved_1f1b", 3, 2, 6)])
+def test_replay_in_recorded_order_equals_the_sweep_bit_for_bit(schedule, pp, vpp, m):
+    # the second candidate of a pipeline shape replays the visit order the first one recorded: other
+    # durations and releases, the same figures as the sweep computes for them
+    from comet.replay.pipeline import summarize
+    rng = np.random.default_rng(pp * 11 + vpp * 5 + m)
+    cache.clear()
+    for _ in range(3):
+        f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
+        release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
+        cached = summarize(schedule, pp, vpp, m, f, b, release)
+        with cache.disabled():
+            swept = summarize(schedule, pp, vpp, m, f, b, release)
+        for name in ("compute_end", "last_b_start", "bubble", "gather_wait"):
+            np.testing.assert_array_equal(getattr(cached, name), getattr(swept, name), err_msg=name)
+    assert cache.orders.hits >= 2
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=configs, prov=provisions)
 def test_numpy_fallback_equals_compiled_path(cfg, prov, h100, monkeypatch):
@@ -189,3 +210,32 @@ def test_numpy_fallback_equals_compiled_path(cfg, prov, h100, monkeypatch):
         assert fallback.step_time_s == pytest.approx(compiled.step_time_s, rel=1e-12)
         for k, v in compiled.breakdown.items():
             assert fallback.breakdown[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+
+
+def test_cost_models_read_only_the_fields_their_cache_keys_hold(h100):
+    # op durations are shared between clusters with equal cache.timing_key (network costs: equal
+    # network_key); a cost model that starts reading another field of the cluster must fail here until
+    # the field is added to cache.COMPUTE_FIELDS / NETWORK_FIELDS
+    from types import SimpleNamespace
+
+    from comet.graph.ir import OpKind
+    from comet.replay.timing import op_time_s
+    model, par = _par({"model": "gqa", "tp": 2, "pp": 2, "cp": 2, "gpus": 32, "micro_batch": 1, "global_batch": 32,
+                       "recompute": Recompute.SELECTIVE, "zero": 1, "schedule": Schedule.ONE_F_ONE_B, "vpp": 1,
+                       "precision": Precision.BF16, "flash_attention": True, "overlap_tp_comm": False,
+                       "overlap_grad_reduce": True, "offload": (OffloadTarget.OPTIMIZER,)})
+    cluster = apply_provisioning(h100, {"expansion_GB": 512, "expansion_bandwidth_GBps": 100.0})
+    graph = build_step_graph(model, par.resolve(model))
+    ops = [op for g in graph.blocks.values() for _, op in g.nodes(data="op")]
+    ops += [bs.op for st in graph.stages for bs in st.grad_buckets + st.param_gathers] + [
+        op for st in graph.stages for op in st.optimizer]
+    # communication reads only the network, kernels and copies only the GPU side (blocks.py keys them apart)
+    network = SimpleNamespace(**{f: getattr(cluster, f) for f in cache.NETWORK_FIELDS}, levels=cluster.levels)
+    gpu_side = SimpleNamespace(**{f: getattr(cluster, f) for f in cache.COMPUTE_FIELDS})
+    kinds = set()
+    with cache.disabled():
+        for op in ops:
+            only = network if op.kind in (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV) else gpu_side
+            assert op_time_s(op, only, "bf16") == op_time_s(op, cluster, "bf16"), op.name
+            kinds.add(op.kind)
+    assert {OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.MEMCPY} <= kinds and kinds & {OpKind.SEND, OpKind.RECV}

@@ -32,6 +32,15 @@ def test_fluid_sharing_by_hand():
     assert ends.tolist() == [[1.0, 2.0, 3.0]]
 
 
+def test_compiled_sharing_equals_the_numpy_loop(monkeypatch):
+    rng = np.random.default_rng(7)
+    ready = np.sort(rng.uniform(0, 5, (4, 9)), axis=1)
+    dur, t0, window, rate = rng.uniform(0.1, 1, (4, 9)), rng.uniform(0, 1, 4), rng.uniform(2, 6, 4), rng.uniform(0.5, 1, 4)
+    compiled = contention.serial_shared(ready, dur, t0, window, rate)
+    monkeypatch.setattr(contention, "HAVE_NUMBA", False)
+    np.testing.assert_array_equal(compiled, contention.serial_shared(ready, dur, t0, window, rate))
+
+
 @pytest.fixture
 def two_tier(h100):
     """4 GPUs per node at 100 GB/s, one 10 GB/s NIC per GPU; ideal links so the numbers are exact."""
@@ -91,3 +100,20 @@ def test_traffic_inside_nvlink_leaves_the_step_unchanged(two_tier, monkeypatch):
     assert contention.dp_nic_rate(graph, two_tier, shared.task_durations[1],
                                   lambda op: timed_s(op, two_tier, "bf16")) is None
     assert shared.step_time_s == alone.step_time_s and shared.breakdown == alone.breakdown
+
+
+@pytest.mark.parametrize("par", [dict(tp=2, cp=4, pp=1, gpus=16), dict(tp=2, cp=2, pp=2, gpus=32)])
+def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
+    # one chunk's buckets on a shared port run in one compiled pass (kernels.shared_bucket_stream);
+    # the generic path (offsets, sort, serial_shared) gives the same figures bit for bit
+    graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(global_batch=8, zero=0, overlap_grad_reduce=True,
+                                                                        **par)))
+    calls = []
+    fused_kernel = step_mod.shared_bucket_stream
+    monkeypatch.setattr(step_mod, "shared_bucket_stream", lambda *a: calls.append(1) or fused_kernel(*a))
+    fused = replay_step(graph, two_tier, "bf16")
+    assert calls, "the fused path did not run"
+    monkeypatch.setattr(step_mod, "HAVE_NUMBA", False)
+    generic = replay_step(graph, two_tier, "bf16")
+    assert fused.step_time_s == generic.step_time_s and fused.breakdown == generic.breakdown
+    np.testing.assert_array_equal(fused.tails.end, generic.tails.end)

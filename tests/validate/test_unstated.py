@@ -76,7 +76,8 @@ def test_ladder_order_free_steps_first_and_bf16_optimizer_state_only_where_expre
 
 def test_model_parallel_size_given_but_not_the_split_takes_the_fastest_layout():
     # 16 GPUs, dp 2 stated: tp*pp = 8 -> (1, 8), (2, 4), (4, 2), (8, 1); 48 layers divide by every pp
-    cells = dict(num_gpus="16", dp="2", tp="", pp="", micro_batch="1", global_batch="16", recompute="selective",
+    # (vpp stated: the depth search is tests/validate/test_interleave.py)
+    cells = dict(num_gpus="16", dp="2", tp="", pp="", vpp="1", micro_batch="1", global_batch="16", recompute="selective",
                  framework_version="Megatron-LM (SC21 paper, 2021)")
     case = derive_case(row(**cells), 0)
     assert not case.skip_reason and case.open_layout == (None, None)

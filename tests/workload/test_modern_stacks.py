@@ -64,3 +64,43 @@ def test_output_layer_stays_bf16_and_fp8_gemms_pay_casts(llama):
     gemms = [op for _, op in fwd.nodes(data="op") if op.kernel is KernelClass.GEMM]
     casts = [op for _, op in fwd.nodes(data="op") if op.name.endswith("fp8_cast_transpose")]
     assert all(op.dtype_bytes == 1 for op in gemms) and len(casts) == len(gemms)
+
+
+def _cast_bytes(graph) -> float:
+    return sum(op.bytes for _, op in graph.nodes(data="op") if ".fp8_" in op.name)
+
+
+def test_torchao_dynamic_scaling_casts(llama):
+    """torchao: amax + cast (5 B/element) of input and weight forward; at the dgrad the output gradient
+    twice, the weight transposed and the input along dim1; no cast at the wgrad. TE: one fused
+    cast + transpose (4 B/element) of the m x k operand, forward and dgrad."""
+    te = _par(precision=Precision.FP8).resolve(llama)
+    ao = replace(te, fp8_impl="torchao")
+    T, h, f = llama.seq_len, llama.hidden, llama.ffn_hidden
+    qkv_out = llama.q_hidden + 2 * llama.kv_hidden
+    # forward GEMMs (m x n x k): qkv, proj, fc1 (gated: 2f wide), fc2
+    shapes = [(T, qkv_out, h), (T, h, llama.q_hidden), (T, 2 * f, h), (T, h, f)]
+    fwd_te = sum(4 * m * k for m, n, k in shapes)
+    fwd_ao = sum(5 * (m * k + k * n) for m, n, k in shapes)
+    assert _cast_bytes(layers.layer_forward(llama, te)) == pytest.approx(fwd_te)
+    assert _cast_bytes(layers.layer_forward(llama, ao)) == pytest.approx(fwd_ao)
+    # dgrad of (m x n x k) forward: grad m x n (twice), input m x k along dim1, weight k x n transposed
+    bwd_ao = sum(5 * (2 * m * n + m * k + k * n) for m, n, k in shapes)
+    assert _cast_bytes(layers.layer_backward(llama, ao)) == pytest.approx(bwd_ao)
+    assert _cast_bytes(layers.layer_backward(llama, te)) == pytest.approx(sum(4 * m * n for m, n, k in shapes))
+
+
+def test_fa2_attention_kernels_are_slower_on_hopper_only(llama, h100, a100):
+    from comet.hardware.compute import attention_time_s
+    flops = 1e15   # seconds of work: the per-kernel overhead is negligible
+    for backward, fused in ((False, h100.efficiency.attention_fwd), (True, h100.efficiency.attention_bwd)):
+        ratio = attention_time_s(flops, backward, h100, "fa2") / attention_time_s(flops, backward, h100)
+        assert ratio == pytest.approx(fused / h100.efficiency.attention_fa2, rel=1e-3)
+        assert ratio > 1
+        # A100: FlashAttention-2 is the native kernel (attention_fa2 unset): no change
+        assert attention_time_s(flops, backward, a100, "fa2") == attention_time_s(flops, backward, a100)
+    par = _par(attention_kernel="fa2").resolve(llama)
+    att = [op for _, op in layers.layer_forward(llama, par).nodes(data="op") if op.kernel is KernelClass.ATTENTION]
+    assert att and all(op.variant == "fa2" for op in att)
+    with pytest.raises(Exception, match="attention_kernel"):
+        _par(attention_kernel="fa3").resolve(llama)
