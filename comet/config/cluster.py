@@ -8,7 +8,14 @@ import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from comet.config.loader import at_least, fraction, load, non_negative, positive
+from comet.config.loader import (
+    at_least,
+    fraction,
+    from_dict,
+    non_negative,
+    positive,
+    read_yaml,
+)
 from comet.errors import ConfigError
 
 
@@ -200,7 +207,7 @@ class ClusterSpec:
         """The network with every fabric tier as its own level (what collectives are placed on)."""
         return network_levels(self.network)
 
-    def with_changes(self, **changes) -> "ClusterSpec":
+    def with_changes(self, **changes) -> ClusterSpec:
         return replace(self, **changes)
 
 
@@ -235,7 +242,36 @@ def resolve_cluster_path(name_or_path: str | Path) -> Path:
     return p   # let the loader report "file not found" with the path the user gave
 
 
+def _merged(base: dict, over: dict) -> dict:
+    """`over` on top of `base`: mappings merge key by key, anything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_cluster_document(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The spec's YAML with its `base:` applied. A variant of a system names the spec it starts from
+    (`base: h100_dgx.yaml`, relative to its own folder) and gives only what differs, so the fitted
+    efficiencies, cost and power of the base are read from one file (a refit cannot leave a stale copy)."""
+    data = read_yaml(path)
+    if not isinstance(data, dict) or "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"must name a cluster spec YAML file, got {base!r}", source=str(path), field="base")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise ConfigError(f"'{base}' leads back to a spec already on the chain (a cycle)", source=str(path),
+                          field="base")
+    if not base_path.is_file():
+        raise ConfigError(f"'{base}' not found (looked for {base_path})", source=str(path), field="base")
+    return _merged(read_cluster_document(base_path, seen + (path.resolve(),)), data)
+
+
 def load_cluster(path: str | Path) -> ClusterSpec:
-    from comet.config.cluster_checks import check_cluster   # cross-field rules of the file
-    path = resolve_cluster_path(path)
-    return check_cluster(load(ClusterSpec, path), str(path))
+    from comet.config.cluster_checks import (
+        check_cluster,  # cross-field rules of the file
+    )
+    path = Path(resolve_cluster_path(path))
+    return check_cluster(from_dict(ClusterSpec, read_cluster_document(path), source=str(path)), str(path))

@@ -28,7 +28,7 @@ bandwidth term (bytes over the bottleneck rate) and a latency term (steps x per-
   nvls       NVLink SHARP all-reduce inside an NVSwitch domain (H100 NVSwitch gen3): the switch
              reduces, each GPU moves the buffer once per direction, at the measured NVLS rate.
   nvls_tree  NVLS inside the domain, tree between domains (NCCL >= 2.18 multi-node default on H100):
-             the slower of the two pipelined halves.
+             two pipelined stages (see below).
   sharp      in-network reduction on a fabric that has it (Quantum-2 SHARPv3, NCCL CollNet): each
              domain sends and receives the buffer once, whatever the node count.
   direct     all-to-all / pairwise: every member sends (n-1)/n of its buffer, peers in the same
@@ -39,7 +39,17 @@ its model (`algorithm: auto`); a dimension's `algorithm` other than auto restric
 NCCL_ALGO does.
 
 Bus-bandwidth efficiency per dimension: eff(m) = bus_efficiency * m / (m + half_efficiency_bytes)
-(protocol overheads and chunk pipelining fill-in; nccl-tests curves rise to a plateau).
+(chunk pipelining fill-in and per-message cost; nccl-tests curves rise to a plateau). That ramp is a
+time per pipeline step (half_efficiency_bytes at the plateau rate), so a protocol's bandwidth factor
+(LL 1/4, LL128 120/128) slows the payload, not the fill (_Cost). The tree between domains runs at
+0.92 of its links (TREE_BUS_FACTOR, tuning.cc). Algorithms with a stage inside the node and one
+between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of PIPELINE_ROUND_BYTES: a
+buffer of a round or less pays both stages, a large one the slower stage. A tree also pays its
+depth: one chunk per stage up and down before its pipeline runs full (_depth_fill_s).
+
+Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks;
+`ring_exchange_time_s` times one step of a ring exchange (context parallelism) at its slowest hop,
+so a CP ring spanning nodes moves at the NIC rate.
 """
 
 from __future__ import annotations
@@ -87,12 +97,19 @@ class _DimView:
     stride: int            # distance between consecutive members, in ports of this dimension
     ports: int             # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
 
-    def rate(self, chunk_bytes: float, kind: str) -> float:
-        """Bytes per second the group's traffic gets through this dimension, per inner domain, when
-        each step moves `chunk_bytes` per rank (pipelining and per-message overheads: eff(chunk))."""
+    def rates(self, chunk_bytes: float, kind: str) -> tuple[float, float]:
+        """(rate, plateau rate): bytes per second the group's traffic gets through this dimension, per
+        inner domain, when each step moves `chunk_bytes` per rank (pipelining and per-message
+        overheads: eff(chunk)), and the same without the per-step fill."""
         d = self.dim
-        eff = d.bus_efficiency * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes)
-        return self.inner * d.bandwidth * eff * _topology_share(self, kind) / d.oversubscription
+        plateau = self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind) / d.oversubscription
+        return plateau * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes), plateau
+
+
+def _slowest(views: list[_DimView], chunk_bytes: float, kind: str) -> tuple[float, float]:
+    """(rate, plateau rate) of the slowest of `views`."""
+    rates = [v.rates(chunk_bytes, kind) for v in views]
+    return min(r for r, _ in rates), min(p for _, p in rates)
 
 
 def _topology_share(v: _DimView, kind: str) -> float:
@@ -142,31 +159,41 @@ TREE_PROTOCOLS = {
     "ll128": (120 / 128, 14e-6, 1.25 / 3.4, 8.5 / 14),
     "simple": (1.0, 8.4e-6, 4.0 / 3.4, 1.0),
 }
+# NCCL's tree bus bandwidth is 0.92 of the links' (tuning.cc "model refinements": busBw * .92 for
+# Tree): applied to the double binary tree between domains, of plain Tree and of NVLSTree alike.
+TREE_BUS_FACTOR = 0.92
 NVLS_BASE_LATENCY_S = 25e-6   # NVLS / NVLSTree run Simple only, baseLat 25 us (tuning.cc)
 
 
 @dataclass(frozen=True)
 class _Cost:
-    """One algorithm: bytes-over-rate time at the full (Simple) rate, and its per-hop latencies."""
+    """One algorithm: bytes-over-rate time at the full (Simple) rate, and its per-hop latencies.
+    `plateau_s`: the same bytes at the plateau rate, without the per-step fill (bandwidth_s -
+    plateau_s). A protocol's bandwidth factor slows the payload only: the fill (the time per
+    pipeline step that eff(chunk) stands for) is a time, not a share of the link, so it is added as
+    it is (an LL step does not take four times as long to fill as a Simple one)."""
     bandwidth_s: float
     hops: tuple[tuple[float, bool], ...]    # (hop latency s at Simple, is the innermost dimension)
     nvls: bool = False
     tree: bool = False
+    plateau_s: float | None = None
 
     def time(self) -> float:
         if self.nvls:   # the NVLS part of the path is in the base latency; only network hops add
             return NVLS_BASE_LATENCY_S + self.bandwidth_s + sum(h for h, inner in self.hops if not inner)
+        payload = self.bandwidth_s if self.plateau_s is None else self.plateau_s
+        fill = self.bandwidth_s - payload
         best = math.inf
         for factor, base, r_inner, r_net in (TREE_PROTOCOLS if self.tree else PROTOCOLS).values():
             lat = sum(h * (r_inner if inner else r_net) for h, inner in self.hops)
-            best = min(best, base + lat + self.bandwidth_s / factor)
+            best = min(best, base + lat + payload / factor + fill)
         return best
 
 
 def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
     n = math.prod(v.n for v in views)
     passes = 2 if kind is Collective.ALL_REDUCE else 1
-    rate = min(v.rate(msg / n, "ring") for v in views)    # each ring step moves 1/n of the buffer
+    rate, plateau = _slowest(views, msg / n, "ring")    # each ring step moves 1/n of the buffer
     # Latency: a ring visiting k sub-domains of a level crosses k boundaries per pass; a crossing
     # counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes for
     # all-reduce), the remaining of the n-1 steps per pass are inner hops.
@@ -177,19 +204,22 @@ def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
         counted += k - outer_crossings
         outer_crossings = k
     hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, len(views) == 1 or True))
-    return _Cost(passes * (n - 1) / n * msg / rate, tuple(hops))
+    moved = passes * (n - 1) / n * msg
+    return _Cost(moved / rate, tuple(hops), plateau_s=moved / plateau)
 
 
-def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, list]:
-    """(bandwidth time, hops) of a double-binary-tree all-reduce between the domains of `outer`. With
-    NVLS inside the domain each domain's NICs carry the buffer once per direction between two
-    domains, twice with more (a node is interior in one of the two trees); NCCL's plain tree runs at
-    half its bus rate whatever the node count (tuning.cc: tree algorithm bandwidth = busBw / 2)."""
+def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, float, list]:
+    """(bandwidth time, the same at the plateau rate, hops) of a double-binary-tree all-reduce
+    between the domains of `outer`. With NVLS inside the domain each domain's NICs carry the buffer
+    once per direction between two domains, twice with more (a node is interior in one of the two
+    trees); NCCL's plain tree runs at half its bus rate whatever the node count (tuning.cc: tree
+    algorithm bandwidth = busBw / 2); the tree's links at TREE_BUS_FACTOR."""
     domains = math.prod(v.n for v in outer)
     per_direction = 1.0 if nvls and domains <= 2 else 2.0
-    rate = min(v.rate(msg, "tree") for v in outer)
+    rate, plateau = _slowest(outer, msg, "tree")
     hops = [(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in outer]
-    return per_direction * msg / rate, hops
+    moved = per_direction * msg / TREE_BUS_FACTOR
+    return moved / rate, moved / plateau, hops
 
 
 def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
@@ -199,6 +229,37 @@ def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
     n = dim.size
     ramp = msg_bytes / (msg_bytes + dim.nvls_half_efficiency_bytes)
     return dim.nvls_bus_GBps * 1e9 * n / (2 * (n - 1)) * ramp
+
+
+# Two-stage algorithms (NVLS or the NVLink chain inside the node, a tree or SHARP between nodes) run
+# their stages as a pipeline that moves one round of data at a time; NCCL's device loop moves
+# channels x NVLS heads x chunk per round, of the order of 16 x 8 x 512 KiB = 64 MiB on a DGX H100
+# (chunk: NCCL_BUFFSIZE 4 MiB / NCCL_STEPS 8 slots). The first round fills the pipeline: the faster
+# stage's share of it adds to the slower stage's time, so a buffer of one round or less runs its
+# stages one after the other and a large one overlaps them (time = slower stage + faster stage x
+# round / buffer). nccl-tests on 2-4 nodes of 8 H100 (collectives.csv, nccl-tests#309) show this:
+# at 64 MB NVLSTree takes about the NVLS time plus the network time, from 1 GB the slower of the two.
+# Not fitted to the rows: 32, 64 and 128 MiB give 15.3, 15.1 and 15.1% MAPE on collectives.csv.
+PIPELINE_ROUND_BYTES = 64 * 2**20
+
+
+def _pipelined(stage_a: float, stage_b: float, msg_bytes: float) -> float:
+    """Time of two pipelined stages over a buffer of msg_bytes (see PIPELINE_ROUND_BYTES)."""
+    overlap_lost = min(1.0, PIPELINE_ROUND_BYTES / msg_bytes) if msg_bytes > 0 else 1.0
+    return max(stage_a, stage_b) + min(stage_a, stage_b) * overlap_lost
+
+
+def _depth_fill_s(msg_bytes: float, between: list[_DimView], chain: int, d0: NetworkDim) -> float:
+    """Pipeline fill of a tree: a buffer pipelined through a tree in chunks reaches the far end
+    after one chunk has crossed every stage on the way up and down (Sanders, Speck & Traeff 2009:
+    T = (chunks + depth - 1) x per-chunk time), so the depth adds one chunk per stage at one link's
+    rate: 2 log2(domains) network stages, and for the plain tree 2 (chain - 1) NVLink stages of the
+    chain inside the node. The chunk is the dimension's step (half_efficiency_bytes), or the whole
+    buffer when that is smaller."""
+    def stage_s(dim: NetworkDim) -> float:
+        return min(msg_bytes, dim.half_efficiency_bytes) / (dim.bandwidth * dim.bus_efficiency)
+    fill = sum(2 * math.ceil(math.log2(v.n)) * stage_s(v.dim) for v in between)
+    return fill + (2 * (chain - 1) * stage_s(d0) if chain > 1 else 0.0)
 
 
 def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
@@ -223,13 +284,15 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
     if kind is Collective.BARRIER:
         return {"barrier": sum(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s for v in views)}
     if kind is Collective.ALL_TO_ALL:
-        t = 0.0
+        t, plateau = 0.0, 0.0
         for v in views:
             # bytes each member sends to peers reached through this dimension (not inside its sub-domain)
             outside = (v.inner * v.n - v.inner) / size
-            t = max(t, outside * msg_bytes / (v.rate(msg_bytes / size, "direct") / v.inner))
+            rate, plateau_rate = v.rates(msg_bytes / size, "direct")
+            t = max(t, outside * msg_bytes * v.inner / rate)
+            plateau = max(plateau, outside * msg_bytes * v.inner / plateau_rate)
         hops = tuple(((v.n - 1) * v.dim.latency_s, v is views[0] and len(views) == 1) for v in views)
-        return {"direct": _Cost(t, hops).time()}
+        return {"direct": _Cost(t, hops, plateau_s=plateau).time()}
     ring = _ring(kind, msg_bytes, views).time()
     out = {}
     top = views[-1].dim
@@ -250,21 +313,27 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
             out["nvls"] = _Cost(msg_bytes / _nvls_rate(d0, msg_bytes), nvls_hops, nvls=True).time()
         return out or {"ring": ring}
     chain = ((2 * (domain.n - 1) * d0.latency_s, True),) if in_domain else ()
-    intra = msg_bytes / domain.rate(msg_bytes, "ring") if in_domain else 0.0
+    intra, intra_plateau = (msg_bytes / r for r in domain.rates(msg_bytes, "ring")) if in_domain else (0.0, 0.0)
     if all(v.dim.in_network_reduction for v in between) and _allowed(top, A.SHARP):
         # the switches reduce: each domain sends and receives the buffer once, whatever the node count
-        net = msg_bytes / min(v.rate(msg_bytes, "tree") for v in between)
+        net, net_plateau = (msg_bytes / r for r in _slowest(between, msg_bytes, "tree"))
         hops = tuple((2 * v.dim.latency_s, False) for v in between)
         if has_nvls:
-            out["sharp"] = _Cost(max(msg_bytes / _nvls_rate(d0, msg_bytes), net), nvls_hops + hops, nvls=True).time()
+            out["sharp"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), net, msg_bytes), nvls_hops + hops,
+                                 nvls=True).time()
         else:
-            out["sharp"] = _Cost(max(intra, net), chain + hops).time()
+            out["sharp"] = _Cost(_pipelined(intra, net, msg_bytes), chain + hops,
+                                 plateau_s=_pipelined(intra_plateau, net_plateau, msg_bytes)).time()
     if _allowed(top, A.TREE):
-        bw, hops = _tree_between_domains(msg_bytes, between, nvls=False)
-        out["tree"] = _Cost(max(intra, bw), chain + tuple(hops), tree=True).time()
+        bw, bw_plateau, hops = _tree_between_domains(msg_bytes, between, nvls=False)
+        fill = _depth_fill_s(msg_bytes, between, domain.n if in_domain else 1, d0)
+        out["tree"] = _Cost(_pipelined(intra, bw, msg_bytes) + fill, chain + tuple(hops), tree=True,
+                            plateau_s=_pipelined(intra_plateau, bw_plateau, msg_bytes)).time()
     if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
-        bw, hops = _tree_between_domains(msg_bytes, between, nvls=True)
-        out["nvls_tree"] = _Cost(max(msg_bytes / _nvls_rate(d0, msg_bytes), bw), nvls_hops + tuple(hops), nvls=True).time()
+        bw, _, hops = _tree_between_domains(msg_bytes, between, nvls=True)
+        fill = _depth_fill_s(msg_bytes, between, 1, d0)    # the NVLS stage's own fill is in its ramp
+        out["nvls_tree"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), bw, msg_bytes) + fill,
+                                 nvls_hops + tuple(hops), nvls=True).time()
     return out or {"ring": ring}
 
 
@@ -286,17 +355,49 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
+def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec) -> float:
+    """One send over network level `level` (index into cluster.levels) at one port's rate; `distance`
+    (global ranks between sender and receiver) sets the topology share on a ring dimension."""
+    levels = cluster.levels
+    below = levels[level - 1].size if level > 0 else 1
+    dim = levels[level]
+    ports = dim.size // below if dim.size else 0
+    view = _DimView(dim, 2, 1, max(1, distance // below), ports)
+    rate, plateau = view.rates(msg_bytes, "p2p")
+    return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
+
+
+def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
+    """Index of the innermost level whose domain holds both global ranks a and b."""
+    for i, dim in enumerate(cluster.levels):
+        if dim.size == 0 or a // dim.size == b // dim.size:
+            return i
+    return len(cluster.levels) - 1
+
+
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
     """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*ep*dp): over
     the innermost dimension whose domain holds both ranks, at one port's rate."""
     if msg_bytes <= 0:
         return 0.0
-    below = 1
-    for dim in cluster.levels:
+    for i, dim in enumerate(cluster.levels):
         if dim.size == 0 or distance < dim.size:
-            ports = dim.size // below if dim.size else 0
-            view = _DimView(dim, 2, 1, max(1, distance // below), ports)
-            return _Cost(msg_bytes / view.rate(msg_bytes, "p2p"), ((dim.latency_s, below == 1),)).time()
-        below = dim.size
-    dim = cluster.levels[-1]
-    return _Cost(msg_bytes / _DimView(dim, 2, 1, 1, 0).rate(msg_bytes, "p2p"), ((dim.latency_s, False),)).time()
+            return _hop_time_s(msg_bytes, i, distance, cluster)
+    return _hop_time_s(msg_bytes, len(cluster.levels) - 1, 1, cluster)
+
+
+def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
+    """One step of a ring exchange (context-parallel ring attention, Megatron-Core CP): each of the
+    `size` members, `stride` global ranks apart, sends `msg_bytes` to the next and the last to the
+    first, all at once; the step ends with its slowest hop. A hop runs over the innermost level whose
+    domain holds both of its ends: a ring that spans nodes crosses a node boundary at least twice (the
+    boundary between consecutive members and the wrapping hop), and those hops go through the NIC. A
+    ring inside one domain is one p2p hop at the member stride, as before. The group is placed as
+    Megatron's rank order places the group of rank 0 (members 0, stride, ..., (size-1) stride); every
+    other group of the same shape crosses the same boundaries when domains are multiples of the
+    stride's block, as they are for tp dividing the node."""
+    if msg_bytes <= 0 or size <= 1:
+        return 0.0
+    members = [i * stride for i in range(size)]
+    levels = {_level_holding(a, b, cluster) for a, b in zip(members, members[1:] + members[:1])}
+    return max(_hop_time_s(msg_bytes, level, stride, cluster) for level in levels)

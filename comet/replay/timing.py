@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from comet.config.cluster import ClusterSpec
-from comet.graph.ir import Collective, Op, OpKind
+from comet.graph.ir import Collective, GroupKind, Op, OpKind
 from comet.hardware.compute import compute_op_time_s, offload_time_s
-from comet.hardware.network import collective_time_s, p2p_time_s
+from comet.hardware.network import collective_time_s, p2p_time_s, ring_exchange_time_s
 from comet.replay import cache
 
 
@@ -23,12 +23,22 @@ def collective_s(kind: Collective, msg_bytes: float, size: int, stride: int, clu
                                 lambda: collective_time_s(kind, msg_bytes, size, stride, cluster, flat=flat))
 
 
+def ring_exchange_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
+    """network.ring_exchange_time_s (one CP ring step, at its slowest hop), computed once per its
+    arguments and the cluster's network."""
+    return cache.network.get_or(("ring exchange", msg_bytes, size, stride, cache.network_key(cluster)),
+                                lambda: ring_exchange_time_s(msg_bytes, size, stride, cluster))
+
+
 def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     if op.kind is OpKind.COMPUTE:
         return compute_op_time_s(op, cluster, precision)
     if op.kind is OpKind.COLLECTIVE:
         return collective_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
                             op.group_stride, cluster, flat=op.flat_ring)
+    if op.kind in (OpKind.SEND, OpKind.RECV) and op.group_kind is GroupKind.CP:
+        # the CP ring exchange: every member sends at once; the slowest hop (a node crossing) sets it
+        return ring_exchange_s(op.msg_bytes, op.group_size, op.group_stride, cluster)
     if op.kind in (OpKind.SEND, OpKind.RECV):
         return p2p_s(op.msg_bytes, op.group_stride, cluster)
     if op.kind is OpKind.MEMCPY:

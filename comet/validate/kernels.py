@@ -27,7 +27,7 @@ from comet.hardware.network import chosen_algorithm, p2p_time_s
 # (GPU name fragment, scale-out fabric) -> cluster spec of that system; "*" = any fabric.
 SPEC_FOR = {("H100", "roce-400g"): "h100_roce", ("H100", "gcp-tcpxo"): "h100_a3mega",
             ("H100", "*"): "h100_dgx", ("H200", "*"): "h200_dgx", ("A100", "*"): "a100_dgx",
-            ("H800", "*"): "h100_dgx"}
+            ("H800", "*"): "h800_hgx"}
 COLLECTIVES = {"all_reduce": Collective.ALL_REDUCE, "all_gather": Collective.ALL_GATHER,
                "reduce_scatter": Collective.REDUCE_SCATTER, "alltoall": Collective.ALL_TO_ALL}
 # nccl-tests bus bandwidth = algbw * factor(n) (nccl-tests doc/PERFORMANCE.md)

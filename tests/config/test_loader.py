@@ -72,3 +72,29 @@ def test_cluster_spec_by_name_from_any_directory(tmp_path, monkeypatch):
     assert load_cluster("cluster_specs/a100_dgx.yaml").gpu.sms == 108
     with pytest.raises(ConfigError, match="unknown cluster spec 'nope' \\(known: a100_dgx, (.*, )?h100_dgx"):
         load_cluster("nope")
+
+
+def test_base_spec_gives_what_a_variant_leaves_out(tmp_path, repo_root):
+    """A variant names its base and replaces keys: mappings merge key by key, lists (network) whole."""
+    write(tmp_path, cluster_text(repo_root), name="base.yaml")
+    p = write(tmp_path, "base: base.yaml\nname: variant\ngpu:\n  name: slower part\n  hbm_GB: 141\n", name="v.yaml")
+    base, variant = load_cluster(tmp_path / "base.yaml"), load_cluster(p)
+    assert (variant.name, variant.gpu.name, variant.gpu.hbm_GB) == ("variant", "slower part", 141)
+    assert variant.gpu.peak_tflops == base.gpu.peak_tflops          # merged, not replaced
+    assert (variant.efficiency, variant.network, variant.cost) == (base.efficiency, base.network, base.cost)
+
+
+def test_shipped_variants_read_the_fitted_efficiencies_of_their_base(repo_root):
+    base = load_cluster(repo_root / "cluster_specs" / "h100_dgx.yaml")
+    for name in ("h100_a3mega.yaml", "h800_hgx.yaml"):
+        variant = load_cluster(repo_root / "cluster_specs" / name)
+        assert (variant.efficiency, variant.cost, variant.power) == (base.efficiency, base.cost, base.power)
+        assert variant.network != base.network
+
+
+@pytest.mark.parametrize("text, rule", [("base: missing.yaml\n", "not found"), ("base: v.yaml\n", "cycle"),
+                                        ("base: [1]\n", "must name")])
+def test_bad_base_is_one_line_naming_the_field(tmp_path, text, rule):
+    p = write(tmp_path, text, name="v.yaml")
+    with pytest.raises(ConfigError, match=rf"v\.yaml: base: .*{rule}"):
+        load_cluster(p)

@@ -173,3 +173,69 @@ def test_flat_ring_runs_the_whole_group_at_one_nic_per_gpu(h100):
     assert collective_time_s(Collective.ALL_GATHER, GB, 4, 1, c, flat=True) == pytest.approx(
         collective_time_s(Collective.ALL_GATHER, GB, 4, 1, c))
     assert chosen_algorithm(Collective.ALL_GATHER, GB, 8, 1, c, flat=True)[0] == "flat_ring"
+
+
+def test_cp_ring_spanning_nodes_runs_at_the_nic_rate_and_a_ring_inside_a_node_is_unchanged(h100):
+    from comet.graph.ir import GroupKind, Op, OpKind
+    from comet.hardware.network import ring_exchange_time_s
+    from comet.replay.timing import op_time_s
+    c = tiny(h100, node=8)        # 8 GPUs per node at 100 GB/s, a 10 GB/s NIC per GPU, ideal links
+    # cp 16 (tp 1) over 2 nodes of 8: hops 7->8 and the wrapping hop 15->0 cross the fabric, so the
+    # step (all hops at once) takes 1 GB / 10 GB/s; the member-stride p2p would say 1 GB / 100 GB/s
+    assert ring_exchange_time_s(GB, 16, 1, c) == pytest.approx(SIMPLE_BASE + GB / 10e9)
+    assert p2p_time_s(GB, 1, c) == pytest.approx(SIMPLE_BASE + GB / 100e9)
+    # tp 8 x cp 2: both hops (0->8, 8->0) cross the fabric
+    assert ring_exchange_time_s(GB, 2, 8, c) == pytest.approx(SIMPLE_BASE + GB / 10e9)
+    # tp 2 x cp 4 inside one node: every hop (and the wrap 6->0) on NVLink, as the stride p2p said
+    assert ring_exchange_time_s(GB, 4, 2, c) == pytest.approx(SIMPLE_BASE + GB / 100e9) == p2p_time_s(GB, 2, c)
+    # the replay times a CP send with it; a pipeline send keeps the stride p2p
+    cp_send = Op("attention.cp_exchange[0]", OpKind.SEND, msg_bytes=GB, group_kind=GroupKind.CP,
+                 group_size=16, group_stride=1)
+    pp_send = Op("pp.send", OpKind.SEND, msg_bytes=GB, group_kind=GroupKind.PP, group_size=2, group_stride=1)
+    assert op_time_s(cp_send, c, "bf16") == pytest.approx(SIMPLE_BASE + GB / 10e9)
+    assert op_time_s(pp_send, c, "bf16") == pytest.approx(SIMPLE_BASE + GB / 100e9)
+
+
+def test_two_stage_algorithms_pipeline_in_rounds(h100):
+    from comet.config.cluster import CollectiveAlgorithm
+    from comet.hardware.network import PIPELINE_ROUND_BYTES, TREE_BUS_FACTOR, TREE_PROTOCOLS
+    c = with_algorithm(tiny(h100), CollectiveAlgorithm.TREE)   # 2 nodes of 4: chain in the node, tree between
+    base = TREE_PROTOCOLS["simple"][1]
+    for msg in (GB, PIPELINE_ROUND_BYTES / 4):
+        intra = msg / 100e9                                    # the node's chain at NVLink rate
+        net = 2 * msg / (4 * 10e9 * TREE_BUS_FACTOR)           # 2x the buffer per direction over 4 NICs
+        # a buffer larger than a round overlaps the stages but for the first round; one of a
+        # quarter round runs them one after the other
+        lost = min(1.0, PIPELINE_ROUND_BYTES / msg)
+        assert collective_time_s(Collective.ALL_REDUCE, msg, 8, 1, c) == pytest.approx(base + net + intra * lost)
+    assert lost == 1.0
+
+
+def test_protocol_factor_slows_the_payload_not_the_fill(h100):
+    # ring all-gather of 1 KiB over 4 GPUs at 100 GB/s, no latency, half efficiency at 1 MB per step:
+    # the fill is 3 steps x 1 MB / 100 GB/s = 30 us for every protocol; LL moves the payload at 1/4 of
+    # the rate and wins on its launch latency (6.6 us vs Simple's 8.4 us)
+    c = tiny(h100)
+    c = dataclasses.replace(c, network=(dataclasses.replace(c.network[0], half_efficiency_bytes=1e6),) + c.network[1:])
+    ll_factor, ll_base = PROTOCOLS["ll"][:2]
+    expected = ll_base + 0.75 * 1024 / (100e9 * ll_factor) + 3 * 1e6 / 100e9
+    assert collective_time_s(Collective.ALL_GATHER, 1024, 4, 1, c) == pytest.approx(expected)
+
+
+def test_a_tree_pays_one_chunk_per_stage_of_its_depth(h100):
+    from comet.config.cluster import CollectiveAlgorithm
+    from comet.hardware.network import PIPELINE_ROUND_BYTES, TREE_BUS_FACTOR, TREE_PROTOCOLS
+    # 4 nodes of 4 GPUs; the fabric's step chunk is 1 MB (NVLink's 0): the tree between the 4 nodes is
+    # 2 levels deep, so a chunk crosses 2 x 2 network stages (up and down) before the pipeline runs
+    # full: 4 x 1 MB / 10 GB/s = 0.4 ms on top of the pipelined stages
+    c = tiny(h100)
+    fabric = dataclasses.replace(c.network[1], half_efficiency_bytes=1e6)
+    c = with_algorithm(dataclasses.replace(c, network=(c.network[0], fabric)), CollectiveAlgorithm.TREE)
+    intra = GB / 100e9
+    net = 2 * (GB + 1e6) / (4 * 10e9 * TREE_BUS_FACTOR)       # eff(1 GB) = GB / (GB + 1 MB)
+    stages = max(intra, net) + min(intra, net) * PIPELINE_ROUND_BYTES / GB
+    expected = TREE_PROTOCOLS["simple"][1] + stages + 4 * 1e6 / 10e9
+    assert collective_time_s(Collective.ALL_REDUCE, GB, 16, 1, c) == pytest.approx(expected)
+    # a buffer smaller than the chunk is one chunk: 4 stages x 64 KB
+    small = algorithm_times(Collective.ALL_REDUCE, 65536, 16, 1, c)["tree"]
+    assert small > 4 * 65536 / 10e9 and small < 4 * 1e6 / 10e9

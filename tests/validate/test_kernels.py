@@ -61,3 +61,32 @@ def test_collectives_csv_report(tmp_path, capsys):
 def test_kernel_files_report(name, capsys):
     assert main(["validate", str(CAL / name), "--quiet"]) == 0
     assert "rows predicted" in capsys.readouterr().out
+
+
+def test_rows_run_on_the_spec_of_their_fabric(tmp_path):
+    # a 2 x 8 H100 ring all-reduce of 8 GiB on IB NDR (50 GB/s per GPU) and on GCP A3 Mega's
+    # GPUDirect-TCPXO (25 GB/s per GPU, no NVLS): on IB the ring is bound by NVLink (450 GB/s x 0.82
+    # < 8 NICs x 50 GB/s x 0.95), on TCPXO by the node's 8 NICs
+    p = tmp_path / "c.csv"
+    p.write_text(HEADER + "\n"
+                 "s,H100 SXM,16,2,8,IB,x,NCCL_ALGO=Ring,all_reduce,8589934592,float,40000,,,ib-ndr-400g,ring,\n"
+                 "s,H100 SXM,16,2,8,TCPXO,x,NCCL_ALGO=Ring,all_reduce,8589934592,float,80000,,,gcp-tcpxo,ring,\n"
+                 "s,H100 SXM,16,2,8,TCPXO,x,default,all_reduce,8589934592,float,80000,,,gcp-tcpxo,default,\n")
+    _, (ib, tcpxo, default) = validate_kernels(p, ROOT / "cluster_specs")
+    assert ib.detail == "h100_dgx ring" and tcpxo.detail == "h100_a3mega ring"
+    assert ib.predicted_s == pytest.approx(2 * 15 / 16 * 2**33 / (450e9 * 0.82), rel=0.02)
+    assert tcpxo.predicted_s == pytest.approx(2 * 15 / 16 * 2**33 / (8 * 25e9 * 0.95), rel=0.02)
+    assert "nvls" not in default.detail          # A3 Mega runs without NVLink SHARP
+
+
+def test_an_h800_row_runs_at_the_h800_nvlink_rate(tmp_path):
+    # H800: the H100 die with NVLink cut to 200 GB/s per direction: an 8-GPU ring all-gather of 1 GiB
+    # takes 7/8 x 1 GiB / (200 GB/s x 0.82), 2.25x the H100's time
+    p = tmp_path / "c.csv"
+    p.write_text(HEADER + "\n"
+                 "s,H800 SXM,8,1,8,NVLink,x,NCCL_ALGO=Ring,all_gather,1073741824,float,6000,,,none,ring,\n"
+                 "s,H100 SXM,8,1,8,NVLink,x,NCCL_ALGO=Ring,all_gather,1073741824,float,3000,,,none,ring,\n")
+    _, (h800, h100) = validate_kernels(p, ROOT / "cluster_specs")
+    assert h800.detail == "h800_hgx ring"
+    assert h800.predicted_s == pytest.approx(7 / 8 * 2**30 / (200e9 * 0.82), rel=0.02)
+    assert h800.predicted_s == pytest.approx(2.25 * h100.predicted_s, rel=0.02)
