@@ -128,6 +128,11 @@ def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> P
 
 
 def parallel_dict(parallel: ParallelConfig) -> dict:
+    """The configuration's fields, enums as their values and offload as 'a+b' / 'none' (a fresh dict)."""
+    return dict(_parallel_forms(parallel)[1])
+
+
+def _parallel_dict(parallel: ParallelConfig) -> dict:
     # perf: the fields are scalars, enums and a tuple of enums: a shallow copy is what asdict() gives
     d = {f.name: getattr(parallel, f.name) for f in dataclasses.fields(parallel)}
     for k, v in d.items():
@@ -137,9 +142,27 @@ def parallel_dict(parallel: ParallelConfig) -> dict:
     return d
 
 
+_parallel_memo: dict = {}
+
+
+def _parallel_forms(parallel: ParallelConfig) -> tuple[ParallelConfig, dict, str]:
+    """(parallel, its dict, its sorted JSON), one entry per configuration object: a study's thousands of
+    candidates share a few dozen resolved configurations (CandidateFactory memoizes them), so the dict
+    and the key's JSON are built once per configuration, not per candidate."""
+    hit = _parallel_memo.get(id(parallel))
+    if hit is None or hit[0] is not parallel:
+        if len(_parallel_memo) >= 4096:
+            _parallel_memo.clear()
+        d = _parallel_dict(parallel)
+        hit = _parallel_memo[id(parallel)] = (parallel, d, json.dumps(d, sort_keys=True, default=str))
+    return hit
+
+
 def candidate_key(fingerprint: str, parallel: ParallelConfig, provision: tuple) -> str:
-    blob = json.dumps({"ctx": fingerprint, "parallel": parallel_dict(parallel), "provision": list(provision)},
-                      sort_keys=True, default=str)
+    # the text of json.dumps({"ctx": ..., "parallel": ..., "provision": ...}, sort_keys=True, default=str),
+    # assembled from the configuration's memoized JSON (test_candidates pins the equality)
+    blob = (f'{{"ctx": {json.dumps(fingerprint)}, "parallel": {_parallel_forms(parallel)[2]}, '
+            f'"provision": {json.dumps(list(provision), sort_keys=True, default=str)}}}')
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

@@ -74,6 +74,7 @@ class StudyOutcome:
     files: list[Path]
     base_note: str = ""          # how the base was grounded (e.g. per-class factors from a profiler trace)
     where: str = ""              # where it ran: private local Ray, a cluster address, or this process
+    phases: dict = field(default_factory=dict)   # wall seconds: start-up, evaluation, writing (before summary.md)
 
 
 # ----------------------------------------------------------------------------- context
@@ -177,14 +178,25 @@ class _State:
         self.evaluated_now = 0
         self.resumed = 0
         self.rows: dict[str, dict] = {}
+        self.where = ""                           # where the candidates are evaluated
+        self.t_start = self.t_end = None    # monotonic: evaluation began (executor up, candidates listed), ended
 
-    def record(self, cand: Candidate, result: Result, attempts: int) -> None:
-        rec = res_io.make_record(cand, result, attempts)
-        rec["fp"] = self.fingerprint
-        self.journal.append(rec)
-        self.done[cand.key] = rec
-        self.evaluated_now += 1
-        self.progress.advance(self.row(cand.key))
+    def record(self, finished) -> None:
+        """Journal a finished chunk [(candidate, result, attempts)] in one write, then report each."""
+        for cand, result, attempts in finished:
+            rec = res_io.make_record(cand, result, attempts)
+            rec["fp"] = self.fingerprint
+            self.journal.append(rec)
+            self.done[cand.key] = rec
+        self.journal.flush()
+        for cand, _, _ in finished:
+            self.evaluated_now += 1
+            self.progress.advance(self.row(cand.key))
+
+    def placed(self, executor) -> None:
+        """Once the candidates are listed: where they run (waits for a Ray still starting)."""
+        self.where = executor.where
+        self.progress.placed(self.where)
 
     def row(self, key: str) -> dict:
         if key not in self.rows:
@@ -222,11 +234,8 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
     executor = None
     interrupted = False
-    where = ""
     try:
-        executor = make_executor(opts.executor, ctx, opts.workers, opts.address)
-        where = executor.where
-        opts.progress.placed(where)
+        executor = make_executor(opts.executor, ctx, opts.workers, opts.address)   # Ray: starts in the background
         if space.method.uses_optuna:
             _run_optuna(space, factory, state, executor, out, seed, trials, deadline, opts)
         else:
@@ -236,20 +245,27 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
         if executor is not None:
             executor.cancel()
     finally:
+        state.t_end = time.monotonic()
         state.journal.compact()
         if executor is not None:
-            executor.close()
+            executor.close(wait=False)            # Ray shuts down while the tables and plots are written
         opts.progress.finish()
-    return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts, where)
+    try:
+        return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts,
+                       state.where)
+    finally:
+        if executor is not None:
+            executor.join()
 
 
 def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
     if opts.chunk_size:
         return opts.chunk_size
     if executor.name == "serial" or not remaining:
-        return 8
-    # perf: ~8 chunks per worker balances the tail; at most 32 candidates per task
-    return max(1, min(32, remaining // (8 * executor.capacity) or 1))
+        return 32      # the journal is written once per chunk: a kill -9 loses at most this many results
+    # perf: a Ray task costs milliseconds of scheduling and transfer: chunks of up to 256 candidates
+    # amortise it, and at least ~6 chunks per worker keep the tail balanced
+    return max(1, min(256, remaining // (6 * getattr(executor, "workers", executor.capacity)) or 1))
 
 
 def _run_stream(space, factory, state: _State, executor, seed, trials, deadline, opts) -> None:
@@ -262,11 +278,15 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
         state.scope = {c.key for c in listed}
         done = len(state.scope & state.done.keys())
         total, cands = len(listed) - done, iter(listed)
+        state.placed(executor)
         opts.progress.start(total, done)
+        state.t_start = time.monotonic()
     else:
         state.scope = set()
         cands, total = random_candidates(space, factory, seed), trials
+        state.placed(executor)
         opts.progress.start(total, 0)
+        state.t_start = time.monotonic()
     size = _chunk_size(opts, executor, total)
     taken = 0          # candidates proposed so far that count toward the trial budget
     exhausted = False
@@ -294,8 +314,7 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
             executor.submit(chunk)
         if executor.in_flight == 0:
             return
-        for cand, result, attempts in executor.wait():
-            state.record(cand, result, attempts)
+        state.record(executor.wait())
 
 
 def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials, deadline, opts) -> None:
@@ -305,7 +324,9 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
     trials = trials or 10**9
     opened = proposer.open_round()              # a round a killed run left open is completed first
     counted = proposer.evaluated_before - (opened[3] if opened else 0)
+    state.placed(executor)
     opts.progress.start(trials if trials < 10**9 else None, proposer.evaluated_before)
+    state.t_start = time.monotonic()
     asks = proposer.asked_before
     while counted < trials and asks < 20 * trials + 100:
         if opened is not None:
@@ -334,8 +355,7 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
         for i in range(0, len(pending), size):
             executor.submit(pending[i:i + size])
         while executor.in_flight:
-            for cand, result, attempts in executor.wait():
-                state.record(cand, result, attempts)
+            state.record(executor.wait())
         first_ask: set[str] = set()
         for trial, out_ in asked:   # tell in ask order: the same study whatever the executor
             if out_ is None:        # told by the killed run before it died
@@ -366,7 +386,8 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
     from comet.search import plots, summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
-    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster))
+    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster),
+                         row=lambda rec: state.row(rec["key"]))
     front = res_io.pareto_rows(df, space)
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
@@ -377,11 +398,14 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
         if opts.timelines:
             files += _write_timelines(space, ctx, state, df, front, out)
     wall_s = time.monotonic() - t0
+    start = (state.t_start or state.t_end) - t0
+    phases = {"start-up": start, "evaluation": state.t_end - t0 - start, "writing": wall_s - (state.t_end - t0)}
     errors = int((df["status"] == "error").sum()) if not df.empty else 0
     outcome = StudyOutcome(out_dir=out, frame=df, front=front, stats=stats, evaluated_now=state.evaluated_now,
                            resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
                            budget_stop=state.budget_stop, files=files,
-                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where)
+                           base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where,
+                           phases=phases)
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 

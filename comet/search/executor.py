@@ -43,12 +43,38 @@ class SerialExecutor:
     def cancel(self) -> None:
         self._queue.clear()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self._queue.clear()
 
+    def join(self) -> None:
+        pass
 
-def _run_chunk(ctx: EvalContext, chunk: list[Candidate]):
-    return evaluate_chunk(ctx, chunk)
+
+_worker_ctx: dict = {}    # in a Ray worker: the study's context, unpickled once (ObjectRef hex -> context)
+
+
+def _context(box: list) -> EvalContext:
+    """The context of `box` ([ObjectRef], so Ray does not unpickle it for every task), one object per
+    worker: the evaluation caches key the base graph and clusters by identity, so every task of the
+    worker reuses what the earlier ones computed."""
+    key = box[0].hex()
+    ctx = _worker_ctx.get(key)
+    if ctx is None:
+        import ray
+        _worker_ctx.clear()     # one study at a time per worker
+        ctx = _worker_ctx[key] = ray.get(box[0])
+    return ctx
+
+
+def _run_chunk(box: list, chunk: list[Candidate]):
+    return evaluate_chunk(_context(box), chunk)
+
+
+def _warm(box: list) -> None:
+    """Run once per worker while the driver lists the candidates: unpickles the context and imports
+    the evaluation code, so the first chunk does not pay for them."""
+    if _context(box).evaluate_fn is None:
+        import comet.evaluate  # noqa: F401
 
 
 class RayExecutor:
@@ -58,30 +84,85 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, ctx: EvalContext, workers: int | None = None, address: str | None = None):
-        import ray
+        import threading
 
-        from comet.search import ray_runtime
+        import ray
 
         self._ray = ray
         self._started = False
         self._cleanup = None
         self._sigterm = None
-        if ray.is_initialized():          # a caller's own Ray session (notebook, tests): used as it is
-            self.where = f"the Ray session already open in this process ({ray.get_runtime_context().gcs_address})"
-        elif address:
-            self.where = ray_runtime.join(ray, address).describe()
-            self._started = True
-        else:
-            placement, self._cleanup = ray_runtime.start_local(ray, workers)
-            self.where = placement.describe()
-            self._started = True
-        self._catch_sigterm()
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.workers = workers or cpus
-        self.capacity = 2 * self.workers          # two chunks per worker keep every worker busy
-        self._ctx_ref = ray.put(ctx)              # model, cluster, base graph: shipped once
-        self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
         self._pending: dict = {}                  # ObjectRef -> (chunk, attempt)
+        self._failure: BaseException | None = None
+        self._catch_sigterm()
+        # perf: Ray takes seconds to start; the driver lists and prunes the candidates meanwhile, and the
+        # first look at `where`, `workers` or `capacity` waits for it (and raises what the start raised).
+        # The thread lives until close(): Ray's processes die with the thread that spawned them (Linux
+        # PR_SET_PDEATHSIG is per thread)
+        self._up, self._done = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._start, args=(ctx, workers, address), daemon=True,
+                                        name="comet-ray-start")
+        self._thread.start()
+
+    def _start(self, ctx: EvalContext, workers: int | None, address: str | None) -> None:
+        import logging
+
+        from comet.search import ray_runtime
+
+        ray = self._ray
+        quiet = logging.getLogger("ray._private.worker")   # warns that a thread sets no SIGTERM handler:
+        level = quiet.level                                # this executor's own handler does that
+        quiet.setLevel(logging.ERROR)
+        try:
+            if ray.is_initialized():          # a caller's own Ray session (notebook, tests): used as it is
+                where = f"the Ray session already open in this process ({ray.get_runtime_context().gcs_address})"
+            elif address:
+                where = ray_runtime.join(ray, address).describe()
+                self._started = True
+            else:
+                placement, self._cleanup = ray_runtime.start_local(ray, workers)
+                where = placement.describe()
+                self._started = True
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            self._where, self._workers = where, workers or cpus
+            self._ctx_box = [ray.put(ctx)]            # model, cluster, base graph: shipped once
+            self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
+            warm = ray.remote(num_cpus=1, max_retries=0)(_warm)
+            self._warming = [warm.remote(self._ctx_box) for _ in range(self._workers)]   # not waited for
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            self._failure = exc
+        finally:
+            quiet.setLevel(level)
+            self._up.set()
+        self._done.wait()
+        try:                                      # close(): shut down here, beside the driver's writing
+            if self._started:
+                self._ray.shutdown()
+        except BaseException as exc:  # noqa: BLE001 - raised again by join()
+            self._failure = exc
+        finally:
+            if self._cleanup is not None:
+                self._cleanup()
+
+    def _ready(self) -> None:
+        while not self._up.wait(0.1):     # in steps: a Ctrl-C or kill is not held up
+            pass
+        if self._failure is not None:
+            raise self._failure
+
+    @property
+    def where(self) -> str:
+        self._ready()
+        return self._where
+
+    @property
+    def workers(self) -> int:
+        self._ready()
+        return self._workers
+
+    @property
+    def capacity(self) -> int:
+        return 2 * self.workers                   # two chunks per worker keep every worker busy
 
     def _catch_sigterm(self) -> None:
         """A `kill PID` of the search ends it like Ctrl-C: results saved, Ray shut down, no orphans."""
@@ -100,7 +181,8 @@ class RayExecutor:
         return len(self._pending)
 
     def submit(self, chunk: list[Candidate], attempt: int = 1) -> None:
-        ref = self._remote.remote(self._ctx_ref, chunk)
+        self._ready()
+        ref = self._remote.remote(self._ctx_box, chunk)
         self._pending[ref] = (chunk, attempt)
 
     def wait(self) -> Done:
@@ -132,16 +214,25 @@ class RayExecutor:
                 pass
         self._pending.clear()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Shut Ray down (a start still going finishes first); with wait=False in the background:
+        join() waits for it."""
         self.cancel()
-        if self._started:
-            self._ray.shutdown()
-        if self._cleanup is not None:
-            self._cleanup()
+        self._up.wait()
+        self._failure = None                      # a failed start was raised already
+        self._done.set()
         if self._sigterm is not None:
             import signal
             signal.signal(signal.SIGTERM, self._sigterm)
             self._sigterm = None
+        if wait:
+            self.join()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
 
 def make_executor(kind: str, ctx: EvalContext, workers: int | None, address: str | None):

@@ -38,11 +38,12 @@ def merge_equivalent(front: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
             key[col] = front[col].astype(str)
     groups = key.astype(str).agg("|".join, axis=1)
     axes = [c for c in DESIGN_AXES if c in front.columns]
+    text = {c: front[c].astype(str).tolist() for c in axes}   # perf: one conversion, not one per group
     rows = []
-    for _, idx in groups.groupby(groups, sort=False).groups.items():
-        members = front.loc[idx]
+    for _, pos in groups.groupby(groups, sort=False).indices.items():
+        members = front.iloc[pos]
         row = members.iloc[0].copy()
-        differ = [c for c in axes if members[c].astype(str).nunique() > 1]
+        differ = [c for c in axes if len({text[c][i] for i in pos}) > 1]
         row["equivalent"] = "; ".join(
             f"{c}: " + ", ".join(_fmt(v) for v in sorted(members[c].dropna().unique(), key=_sort_key))
             for c in differ)

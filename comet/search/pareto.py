@@ -35,16 +35,13 @@ def pareto_mask(values: np.ndarray, maximize: list[bool] | tuple[bool, ...] | No
     # perf: lexicographic sort, then each row is checked only against the front found so far; a row
     # can be dominated only by rows sorted before it (lexicographically smaller or equal).
     order = np.lexsort(v.T[::-1])
-    front: list[int] = []
+    front = np.empty_like(v)       # perf: the front so far, compared with each row in one numpy step
+    found: list[int] = []
     for i in order:
         row = v[i]
-        dominated = False
-        for j in front:
-            other = v[j]
-            if np.all(other <= row) and np.any(other < row):
-                dominated = True
-                break
-        if not dominated:
-            front.append(i)
-    mask[front] = True
+        f = front[:len(found)]
+        if not (np.all(f <= row, axis=1) & np.any(f < row, axis=1)).any():
+            front[len(found)] = row
+            found.append(i)
+    mask[found] = True
     return mask

@@ -83,7 +83,7 @@ def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, path: Pat
         ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"{space.study}: every feasible design; lower-left is better")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)   # tight_layout above fits the labels: bbox_inches="tight" would draw twice
     plt.close(fig)
     return path
 
@@ -108,7 +108,7 @@ def _heatmap(ok: pd.DataFrame, path: Path) -> Path | None:
     fig.colorbar(im, ax=ax, label="best step time (s)")
     ax.set_title("best step time (s) at each tp x pp,\nover every other axis (blank: none feasible)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)   # tight_layout above fits the labels: bbox_inches="tight" would draw twice
     plt.close(fig)
     return path
 
@@ -139,6 +139,6 @@ def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, path: P
                  f"{LABELS.get(first.column, first.column)}")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)   # tight_layout above fits the labels: bbox_inches="tight" would draw twice
     plt.close(fig)
     return path

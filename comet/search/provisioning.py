@@ -40,7 +40,8 @@ def spread_at_fixed_gpus(df: pd.DataFrame) -> list[dict]:
 
 
 def _axis_reasons(df: pd.DataFrame) -> list[str]:
-    effects = [analysis.axis_effect(df, a) for a in _design_cols(df)]
+    best = analysis.best_per_cluster(df)
+    effects = [analysis.axis_effect(df, a, best) for a in _design_cols(df)]
     effects = [e for e in effects if e and e["groups"]]
     effects.sort(key=lambda e: -e["max"])
     return [f"{e['axis']} (from {e['low']:g}: up to {_fmt(e['max'])}x, median {_fmt(e['median'])}x)"

@@ -31,6 +31,10 @@ from comet.errors import ConfigError
 
 PROBE_TIMEOUT_S = 3.0
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}   # read by ray_constants at import
+# Ray starts its workers at nice 15 (read by the raylet, as Ray's job manager sets it to 0 for jobs):
+# the study's workers would then get a fraction of a core beside any other process on the machine,
+# while the serial executor runs at the normal priority
+_PRIORITY_ENV = {"RAY_worker_niceness": "0"}
 
 
 @dataclass
@@ -51,8 +55,9 @@ class RayPlacement:
 def start_local(ray, workers: int | None) -> tuple[RayPlacement, Callable[[], None]]:
     """Start a private Ray; returns its placement and the cleanup to call after ray.shutdown()."""
     temp_dir = tempfile.mkdtemp(prefix="comet-ray-", dir="/tmp")   # short: Ray's socket paths must fit 107 B
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", *_LOOPBACK_ENV)}
-    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), **_LOOPBACK_ENV})
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", *_LOOPBACK_ENV, *_PRIORITY_ENV)}
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), **_LOOPBACK_ENV,
+                       **_PRIORITY_ENV})
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
     _refresh_auth()

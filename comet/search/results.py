@@ -8,7 +8,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -27,16 +27,21 @@ METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tf
 
 
 class Journal:
-    """One JSON line per evaluated candidate, flushed at once; a torn last line is ignored on load.
+    """One JSON line per evaluated candidate; a torn last line is ignored on load.
 
-    While a run is going the lines go to journal.jsonl; at its end (also after Ctrl-C) `compact` folds
-    them into journal.jsonl.gz (written beside and renamed, so a kill leaves either file whole): a
-    flagship study's journal is ~30 MB as text, ~3 MB compressed. Loading reads both."""
+    `append` serializes a record and `flush` writes what was appended since in one write (the driver
+    flushes after every finished chunk, so a kill -9 loses at most the chunk in hand, which the resume
+    evaluates again). While a run is going the lines go to journal.jsonl; at its end (also after Ctrl-C)
+    `compact` folds them into journal.jsonl.gz (written beside and renamed, so a kill leaves either file
+    whole): a flagship study's journal is ~15 MB as text, ~1.5 MB compressed. Loading reads both."""
 
     def __init__(self, path: Path):
         self.path = path
         self.gz = path.with_name(path.name + ".gz")
         self._file = None
+        self._pending: list[str] = []
+        self._keys: set[str] = set()
+        self._only_mine: bool | None = None   # the plain journal holds only this run's whole, distinct lines
 
     def load(self) -> dict[str, dict]:
         records: dict[str, dict] = {}
@@ -61,33 +66,56 @@ class Journal:
                 yield from f
 
     def append(self, record: dict) -> None:
+        """Queue one record (written by the next flush)."""
+        if record["key"] in self._keys:
+            self._only_mine = False
+        self._keys.add(record["key"])
+        self._pending.append(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a")
+            if self._only_mine is None:
+                self._only_mine = self._file.tell() == 0 and not self.gz.exists()
             if self._file.tell() and not _ends_with_newline(self.path):
                 self._file.write("\n")   # close a torn line left by an earlier kill
-        self._file.write(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
-        self._file.flush()
+        text, self._pending = "".join(self._pending), []
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except OSError:
+            self._only_mine = False      # a partial write (full disk): compact parses every line
+            raise
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+        if self._file is not None or self._pending:
+            try:
+                self.flush()
+            finally:
+                if self._file is not None:
+                    self._file.flush()
+                    os.fsync(self._file.fileno())
+                    self._file.close()
+                    self._file = None
 
     def compact(self) -> None:
         """Fold journal.jsonl into journal.jsonl.gz (one line per candidate, the last record of a key wins)."""
         self.close()
         if not self.path.exists():
             return
-        records = self.load()
+        if self._only_mine:   # perf: whole, distinct lines this run wrote: compressed as they are
+            data = self.path.read_bytes()
+        else:
+            data = "".join(json.dumps(rec, default=_json_default, allow_nan=True) + "\n"
+                           for rec in self.load().values()).encode()
         tmp = self.gz.with_name(self.gz.name + ".tmp")
-        with gzip.open(tmp, "wt", compresslevel=6) as f:
-            for rec in records.values():
-                f.write(json.dumps(rec, default=_json_default, allow_nan=True) + "\n")
+        tmp.write_bytes(gzip.compress(data, compresslevel=6, mtime=0))
         os.replace(tmp, self.gz)
         self.path.unlink()
+        self._only_mine, self._keys = None, set()
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -134,19 +162,20 @@ def _num(v: Any) -> float:
     return float("nan") if v is None else float(v)
 
 
-def to_frame(records: list[dict], study: dict | None = None, cluster: dict | None = None) -> pd.DataFrame:
+def to_frame(records: list[dict], study: dict | None = None, cluster: dict | None = None,
+             row: Callable[[dict], dict] = None) -> pd.DataFrame:
     """The candidates table. `study` holds columns every row shares (model, job, cluster spec name) and
     `cluster` the base cluster's value of every provisioning axis (context.cluster_axes): an axis a row
-    does not set comes from there, so each row names its complete cluster."""
-    rows = [flatten(r) for r in sorted(records, key=lambda r: (r["number"], r["key"]))]
+    does not set comes from there, so each row names its complete cluster. `row` gives a record's
+    flattened row (default `flatten`; the driver passes the rows it already flattened, not modified here)."""
+    row = row or flatten
+    rows = [{**(study or {}), **row(r)} for r in sorted(records, key=lambda r: (r["number"], r["key"]))]
     if cluster:
-        for row in rows:
+        for r in rows:
             for k, v in cluster.items():
-                if k not in row:
-                    no_tier = k == "expansion_bandwidth_GBps" and not row.get("expansion_GB")
-                    row[k] = None if no_tier else v
-    if study:
-        rows = [{**study, **row} for row in rows]
+                if k not in r:
+                    no_tier = k == "expansion_bandwidth_GBps" and not r.get("expansion_GB")
+                    r[k] = None if no_tier else v
     df = pd.DataFrame(rows)
     if df.empty:
         return df

@@ -51,6 +51,22 @@ def test_grid_counts_add_up_and_every_candidate_multiplies_out():
     assert len({c.key for c in cands}) == len(cands)
 
 
+def test_candidate_key_is_the_hash_of_the_whole_configuration():
+    """The key, assembled from each configuration's memoized JSON, is the SHA-1 of the sorted JSON of
+    (context fingerprint, every parallel field, provisioning): journals stay resumable."""
+    import hashlib
+    import json
+
+    from comet.search.context import _parallel_dict
+    space = load_space(ROOT / "search_spaces" / "gpt3_1t.yaml")
+    factory, _ = _factory(space)
+    cands = list(grid(space, factory))
+    for c in cands[::97]:
+        blob = json.dumps({"ctx": factory.fingerprint, "parallel": _parallel_dict(c.parallel),
+                           "provision": list(c.provision)}, sort_keys=True, default=str)
+        assert c.key == hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
 def test_no_expansion_tier_is_one_candidate_at_any_bandwidth(tiny_raw):
     tiny_raw["cluster"].update(expansion_GB=[0, 512], expansion_bandwidth_GBps=[100, 200])
     tiny_raw["parallel"]["offload"] = ["none", "optimizer"]
