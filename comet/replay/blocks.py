@@ -88,9 +88,14 @@ def exposure_parts(rep: Replay) -> dict[str, float]:
     return parts
 
 
+# perf: one object for every empty block (read-only, like the cached ones), so caches keyed by the
+# identities of a task's BlockTimings (step._blocks_parts, step._task_parts) hit across candidates
+_EMPTY = BlockTiming(0.0, {"compute": 0.0})
+
+
 def time_block(g: nx.DiGraph, cluster: ClusterSpec, precision: str, keep_replay: bool = False) -> BlockTiming:
     if len(g) == 0:
-        return BlockTiming(0.0, {"compute": 0.0})
+        return _EMPTY if cache.enabled else BlockTiming(0.0, {"compute": 0.0})
     if cache.enabled and not keep_replay:
         return _time_block_shared(g, cluster, precision)
     # perf: a materialized or measured block has every duration already; the cost model runs only for the rest

@@ -101,7 +101,9 @@ compiled = LRU(256)                 # signature -> CompiledGraph (structure only
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
 _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
-facts = LRU(_GRAPH_ENTRIES)         # (question, object key) -> answer about a read-only input
+# (question, object key) -> answer about a read-only input; per-task-kind tables (a few KB each) of a
+# study's distinct block timings x pipeline shapes x networks: ~1,500 on the gpt3_1t study
+facts = LRU(4 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
 orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task
@@ -209,6 +211,12 @@ def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""
     return (id(obj), _Held(obj))
+
+
+def objects_key(objs: tuple) -> tuple:
+    """Identity key of several shared read-only objects (cached BlockTimings): their ids, with the
+    objects held by the key so no id is reused while the entry lives."""
+    return (tuple(map(id, objs)), _Held(objs))
 
 
 class _Held:

@@ -92,7 +92,9 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
         return None
     plan = graph.plan
     kinds, _, b_kind = task_kinds_ or task_kinds(plan)
-    ckey = cache.timing_key(cluster)     # block durations, placement and sends read only these
+    # NIC seconds read only communication: collective and send times (network-keyed, replay/timing.py) and
+    # placement; clusters that differ in compute, memory or prices share them
+    ckey = cache.network_key(cluster)
 
     def block_nic(key: str) -> float:
         g = graph.blocks[key]

@@ -129,22 +129,25 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
     plan = graph.plan
     kinds, f_kind, b_kind = task_kinds_
 
+    # the overlapped pipeline send's exposed seconds per send stride (builder.build_plan)
+    sends = {stride: plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)
+             for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
+
     def per_kind() -> tuple[np.ndarray, list]:
         parts_of, dur_of = [], []
         for keys, stride in kinds:
             parts = dict(_blocks_parts(keys, blocks))
             if stride is not None:
-                parts["exposed_pp"] = (parts.get("exposed_pp", 0.0)   # overlapped p2p: builder.build_plan
-                                       + plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster))
+                parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + sends[stride]
             parts_of.append(parts)
             dur_of.append(sum(parts.values()))
         return np.array(dur_of), parts_of
 
-    # perf: a task kind's parts depend on its blocks (timed on this cluster at this precision) and the
-    # pipeline send; candidates that share the builder's blocks (cache.blocks) share the table
+    # perf: a task kind's parts are read from its BlockTimings (shared objects from cache.replays: clusters
+    # that time a block alike give the same object) and the send; the key holds the objects, so ids stay unique
     dur_of, parts_of = cache.facts.get_or(
-        ("task kind parts", cache.object_key(graph.blocks), cache.object_key(kinds), cache.timing_key(cluster),
-         precision, plan.p2p_bytes, plan.p2p_exposed), per_kind)
+        ("task kind parts", cache.object_key(kinds), tuple(blocks), cache.objects_key(tuple(blocks.values())),
+         tuple(sends.items())), per_kind)
     return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
 

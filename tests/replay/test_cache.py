@@ -50,6 +50,9 @@ provisions = st.fixed_dictionaries({
     "scaleout_bandwidth_GBps": st.sampled_from([25.0, 50.0]),
     "expansion_GB": st.sampled_from([0, 512]),
     "expansion_bandwidth_GBps": st.just(100.0),
+    # clusters equal in network but not in compute or HBM share NIC loads and block timings (cache.py)
+    "compute_scale": st.sampled_from([1.0, 2.25]),
+    "hbm_GB": st.sampled_from([80.0, 141.0]),
 })
 
 
