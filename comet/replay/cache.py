@@ -102,8 +102,9 @@ graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | 
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
 _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
 # (question, object key) -> answer about a read-only input; per-task-kind tables (a few KB each) of a
-# study's distinct block timings x pipeline shapes x networks: ~1,500 on the gpt3_1t study
-facts = LRU(4 * _GRAPH_ENTRIES)
+# study's distinct block timings x pipeline shapes x networks, and bucket layouts (step.py): ~4,000 on
+# the gpt3_1t study
+facts = LRU(8 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
 orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task

@@ -234,6 +234,25 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     return ready
 
 
+def _bucket_layout(graph: StepGraph, blocks: dict, stage: int, st, t) -> tuple:
+    """A stage's gradient buckets, all chunks in a row: (ready offsets from the start of their chunk's
+    last backward, durations, chunk of each, whether one chunk's buckets are ready in bucket order)."""
+    offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stage, bs) for bs in st.grad_buckets])
+    durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
+    chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
+    in_bucket_order = len(st.grad_buckets) == 1 and bool((offsets[1:] >= offsets[:-1]).all())
+    return offsets, durs, chunk_of, in_bucket_order
+
+
+def _bucket_layout_shared(graph: StepGraph, blocks: dict, stage: int, st, t) -> tuple:
+    """_bucket_layout, shared (read-only arrays) by candidates of one graph (cache.graphs) whose blocks
+    are timed alike (the same cached BlockTiming objects) and whose bucket collectives take as long."""
+    bucket_s = tuple(t(bs.op) for bs in st.grad_buckets)
+    key = ("bucket layout", cache.object_key(graph), stage, tuple(blocks), cache.objects_key(tuple(blocks.values())),
+           bucket_s)
+    return cache.facts.get_or(key, lambda: _bucket_layout(graph, blocks, stage, st, t))
+
+
 def _stage_groups(graph: StepGraph) -> dict:
     """Stages that share one StageSync object and the same role and layer counts (rows of one
     array computation in _tails)."""
@@ -279,24 +298,14 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
             if in_order:
                 dp_end[rows] = ends[:, -1]
                 continue
-        if len(st.grad_buckets) == 1:
-            bs = st.grad_buckets[0]
-            offsets = bucket_ready_offsets(graph, blocks, stages[0], bs)
-            durs = np.full(bs.count, t(bs.op))
-            chunk_of = None
-        else:
-            offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stages[0], bs) for bs in st.grad_buckets])
-            durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
-            chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
-        if chunk_of is None and (offsets[1:] >= offsets[:-1]).all():
+        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, int(stages[0]), st, t)
+        if in_bucket_order:
             # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
             # offsets): the stable sort is the identity
             order = None
-            ready = last_b_start[rows, bs.chunk][:, None] + offsets[None, :]
+            ready = last_b_start[rows, chunk_of[0]][:, None] + offsets[None, :]
             in_order, durs_in_order = ready, durs
         else:
-            if chunk_of is None:
-                chunk_of = np.full(len(offsets), st.grad_buckets[0].chunk)
             ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
             order = np.argsort(ready, axis=1, kind="stable")
             in_order, durs_in_order = np.take_along_axis(ready, order, axis=1), durs[order]
