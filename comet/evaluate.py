@@ -41,7 +41,7 @@ def precheck(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -
 
 def _memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
     # perf: a search's pruning pass estimates a candidate's memory before evaluate() does (read-only)
-    return cache.memory.get_or((model, par, cache.cluster_key(cluster)), lambda: estimate_memory(model, par, cluster))
+    return cache.memory.get_or((model, par, cache.memory_key(cluster)), lambda: estimate_memory(model, par, cluster))
 
 
 def _memory_fields(mem: MemoryEstimate) -> dict:

@@ -170,6 +170,7 @@ def cluster_key(cluster) -> str:
 # nothing else, so a model that starts reading another field fails there until it is added here).
 NETWORK_FIELDS = ("network",)                             # comet/hardware/network.py (levels derive from it)
 COMPUTE_FIELDS = ("gpu", "efficiency", "memory_expansion")  # comet/hardware/compute.py
+MEMORY_FIELDS = ("name", "gpu", "workspace_GB", "memory_expansion")  # comet/workload/memory.py (fit, reasons)
 
 
 def network_key(cluster) -> str:
@@ -187,6 +188,15 @@ def compute_key(cluster) -> str:
     if "compute" not in keys:
         keys["compute"] = repr(tuple(getattr(cluster, f) for f in COMPUTE_FIELDS))
     return keys["compute"]
+
+
+def memory_key(cluster) -> str:
+    """The part of the cluster that the memory estimate reads: clusters that differ only in their
+    network or prices share a configuration's estimate."""
+    keys = _keys(cluster)
+    if "memory" not in keys:
+        keys["memory"] = repr(tuple(getattr(cluster, f) for f in MEMORY_FIELDS))
+    return keys["memory"]
 
 
 def timing_key(cluster) -> tuple[str, str]:

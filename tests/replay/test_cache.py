@@ -242,3 +242,26 @@ def test_cost_models_read_only_the_fields_their_cache_keys_hold(h100):
             assert op_time_s(op, only, "bf16") == op_time_s(op, cluster, "bf16"), op.name
             kinds.add(op.kind)
     assert {OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.MEMCPY} <= kinds and kinds & {OpKind.SEND, OpKind.RECV}
+
+
+def test_memory_estimate_reads_only_the_fields_its_cache_key_holds(h100):
+    # evaluate() shares a configuration's memory estimate between clusters with equal cache.memory_key;
+    # an estimate that starts reading another field of the cluster must fail here until the field is
+    # added to cache.MEMORY_FIELDS
+    from types import SimpleNamespace
+
+    from comet.workload.memory import estimate_memory
+    for offload, expansion_GB, gpus in (((OffloadTarget.OPTIMIZER,), 512, 32), ((OffloadTarget.ACTIVATIONS,), 0, 8),
+                                         ((), 0, 8)):
+        model, par = _par({"model": "gqa", "tp": 2, "pp": 2, "cp": 1, "gpus": gpus, "micro_batch": 2,
+                           "global_batch": 32, "recompute": Recompute.NONE, "zero": 1,
+                           "schedule": Schedule.ONE_F_ONE_B, "vpp": 1, "precision": Precision.BF16,
+                           "flash_attention": False, "overlap_tp_comm": False, "overlap_grad_reduce": True,
+                           "offload": offload})
+        for hbm_GB in (0.5, 80.0):   # does not fit (a reason quoting the cluster), fits
+            cluster = apply_provisioning(h100, {"expansion_GB": expansion_GB, "expansion_bandwidth_GBps": 100.0,
+                                                "hbm_GB": hbm_GB})
+            only = SimpleNamespace(**{f: getattr(cluster, f) for f in cache.MEMORY_FIELDS})
+            with cache.disabled():
+                assert estimate_memory(model, par.resolve(model), only) == estimate_memory(model, par.resolve(model),
+                                                                                           cluster)
