@@ -123,9 +123,10 @@ def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
     return cache.facts.get_or(("blocks parts", keys, tuple(map(id, held))), total)[0]
 
 
-def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: ClusterSpec, precision: str, task_kinds_):
+def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tuple, cluster: ClusterSpec,
+                task_kinds_):
     """Durations and parts of every (stage, chunk) forward and backward task; `task_kinds_`:
-    schedule.task_kinds(graph.plan)."""
+    schedule.task_kinds(graph.plan); `blocks_key`: _block_timings' identity key of `blocks`."""
     plan = graph.plan
     kinds, f_kind, b_kind = task_kinds_
 
@@ -146,9 +147,23 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], cluster: Clust
     # perf: a task kind's parts are read from its BlockTimings (shared objects from cache.replays: clusters
     # that time a block alike give the same object) and the send; the key holds the objects, so ids stay unique
     dur_of, parts_of = cache.facts.get_or(
-        ("task kind parts", cache.object_key(kinds), tuple(blocks), cache.objects_key(tuple(blocks.values())),
-         tuple(sends.items())), per_kind)
+        ("task kind parts", cache.object_key(kinds), blocks_key, tuple(sends.items())), per_kind)
     return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
+
+
+def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_replays: bool) -> tuple[dict, tuple]:
+    """Every block of the graph timed on the cluster, and the identity key of those BlockTimings (names
+    and the shared objects: clusters that time a block alike share the object) for the caches below."""
+    def timed() -> tuple[dict, tuple]:
+        blocks = {k: time_block(g, cluster, precision, keep_replays) for k, g in graph.blocks.items()}
+        return blocks, (tuple(blocks), cache.objects_key(tuple(blocks.values())))
+
+    if keep_replays:
+        return timed()
+    # perf: a block's timing reads its content, what the cost models read of the cluster and the
+    # precision (blocks.py); shared (read-only) by the candidates that share the builder's blocks
+    return cache.facts.get_or(("block timings", cache.object_key(graph.blocks), cache.timing_key(cluster), precision),
+                              timed)
 
 
 def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
@@ -161,11 +176,11 @@ def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
 
 
 def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_block_replays: bool = False) -> StepReplay:
-    blocks = {k: time_block(g, cluster, precision, keep_block_replays) for k, g in graph.blocks.items()}
+    blocks, blocks_key = _block_timings(graph, cluster, precision, keep_block_replays)
     plan = graph.plan
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     kinds = task_kinds(plan)
-    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, cluster, precision, kinds)
+    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds)
 
     memo: dict = {}
 
@@ -200,7 +215,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
     tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
-                   dp_rate=dp_rate)
+                   dp_rate=dp_rate, blocks_key=blocks_key)
     crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
@@ -244,12 +259,11 @@ def _bucket_layout(graph: StepGraph, blocks: dict, stage: int, st, t) -> tuple:
     return offsets, durs, chunk_of, in_bucket_order
 
 
-def _bucket_layout_shared(graph: StepGraph, blocks: dict, stage: int, st, t) -> tuple:
+def _bucket_layout_shared(graph: StepGraph, blocks: dict, blocks_key: tuple, stage: int, st, t) -> tuple:
     """_bucket_layout, shared (read-only arrays) by candidates of one graph (cache.graphs) whose blocks
     are timed alike (the same cached BlockTiming objects) and whose bucket collectives take as long."""
     bucket_s = tuple(t(bs.op) for bs in st.grad_buckets)
-    key = ("bucket layout", cache.object_key(graph), stage, tuple(blocks), cache.objects_key(tuple(blocks.values())),
-           bucket_s)
+    key = ("bucket layout", cache.object_key(graph), stage, blocks_key, bucket_s)
     return cache.facts.get_or(key, lambda: _bucket_layout(graph, blocks, stage, st, t))
 
 
@@ -269,7 +283,7 @@ def _stage_groups_shared(graph: StepGraph) -> dict:
 
 
 def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end: np.ndarray, t, blocks,
-           events: list | None = None, dp_rate: np.ndarray | None = None) -> StageTails:
+           events: list | None = None, dp_rate: np.ndarray | None = None, *, blocks_key: tuple) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
     (name, start, end) so far, extended here (for the timeline); None: not recorded."""
     plan = graph.plan
@@ -298,7 +312,8 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
             if in_order:
                 dp_end[rows] = ends[:, -1]
                 continue
-        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, int(stages[0]), st, t)
+        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, blocks_key, int(stages[0]),
+                                                                         st, t)
         if in_bucket_order:
             # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
             # offsets): the stable sort is the identity
