@@ -28,6 +28,8 @@ LABELS = {"time_to_train_days": "time to train (days)", "cost_per_run_usd": "cos
 PARTS = {"compute": "compute", "exposed_tp": "exposed TP comm", "exposed_cp": "exposed CP comm",
          "exposed_dp": "exposed DP comm", "exposed_pp": "exposed PP send", "pipeline_bubble": "pipeline bubble",
          "optimizer": "optimizer step", "offload": "offload traffic"}
+# perf: zlib level 1 instead of Pillow's 6: the same pixels, ~3% larger files, ~70 ms less per plot
+_PNG = {"compress_level": 1}
 
 
 def write_plots(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, out: Path) -> list[Path]:
@@ -83,7 +85,7 @@ def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, path: Pat
         ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"{space.study}: every feasible design; lower-left is better")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)   # tight_layout above fits the labels: bbox_inches="tight" would draw twice
+    fig.savefig(path, dpi=110, pil_kwargs=_PNG)   # tight_layout fits the labels: bbox_inches="tight" draws twice
     plt.close(fig)
     return path
 
@@ -108,7 +110,7 @@ def _heatmap(ok: pd.DataFrame, path: Path) -> Path | None:
     fig.colorbar(im, ax=ax, label="best step time (s)")
     ax.set_title("best step time (s) at each tp x pp,\nover every other axis (blank: none feasible)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)   # tight_layout above fits the labels: bbox_inches="tight" would draw twice
+    fig.savefig(path, dpi=110, pil_kwargs=_PNG)   # tight_layout fits the labels: bbox_inches="tight" draws twice
     plt.close(fig)
     return path
 
@@ -139,6 +141,6 @@ def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, path: P
                  f"{LABELS.get(first.column, first.column)}")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)   # tight_layout above fits the labels: bbox_inches="tight" would draw twice
+    fig.savefig(path, dpi=110, pil_kwargs=_PNG)   # tight_layout fits the labels: bbox_inches="tight" draws twice
     plt.close(fig)
     return path
