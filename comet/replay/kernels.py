@@ -368,3 +368,25 @@ def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarr
             prev = _port_end(start[r] + offsets[k], prev, w, q, dur)
             ends[r, k] = prev
     return ends, True
+
+
+@njit(cache=True, nogil=True)
+def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_of: np.ndarray, offsets: np.ndarray,
+                             durs: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """The end of each row's DP stream when its buckets span chunks: bucket k is ready at
+    last_b_start[rows[r], chunk_of[k]] + offsets[k], the buckets run in stable order of readiness (a
+    merge sort: numpy's stable argsort) and share the port as serial_shared_rows (step._tails' generic
+    path, the same arithmetic; tests/replay/test_contention.py)."""
+    n, cols = rows.shape[0], offsets.shape[0]
+    out = np.empty(n)
+    ready = np.empty(cols)
+    for r in range(n):
+        for k in range(cols):
+            ready[k] = last_b_start[rows[r], chunk_of[k]] + offsets[k]
+        order = np.argsort(ready, kind="mergesort")
+        prev = t0[r]
+        for k in range(cols):
+            i = order[k]
+            prev = _port_end(ready[i], prev, window_end[r], rate[r], durs[i])
+        out[r] = prev
+    return out

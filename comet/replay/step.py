@@ -13,7 +13,7 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.replay import cache
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
-from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream
+from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
@@ -320,6 +320,12 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
             order = None
             ready = last_b_start[rows, chunk_of[0]][:, None] + offsets[None, :]
             in_order, durs_in_order = ready, durs
+        elif dp_rate is not None and HAVE_NUMBA and not record:
+            # perf: buckets of several chunks: readiness, stable sort and the shared port in one compiled
+            # pass per row (the arithmetic below, bit for bit; tests/replay/test_contention.py)
+            dp_end[rows] = sorted_bucket_stream_end(last_b_start, rows, chunk_of, offsets, durs, gather_end[rows],
+                                                    summary.compute_end[rows], dp_rate[rows])
+            continue
         else:
             ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
             order = np.argsort(ready, axis=1, kind="stable")

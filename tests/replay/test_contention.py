@@ -9,7 +9,7 @@ import pytest
 
 from comet.config.cluster import NetworkDim
 from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig
+from comet.config.parallel import ParallelConfig, Schedule
 from comet.evaluate import resolve
 from comet.replay import contention, step as step_mod
 from comet.replay.step import bucket_ready_offsets, replay_step
@@ -117,3 +117,22 @@ def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par)
     generic = replay_step(graph, two_tier, "bf16")
     assert fused.step_time_s == generic.step_time_s and fused.breakdown == generic.breakdown
     np.testing.assert_array_equal(fused.tails.end, generic.tails.end)
+
+
+@pytest.mark.parametrize("par", [dict(tp=2, cp=2, pp=2, vpp=2, gpus=32, schedule=Schedule.INTERLEAVED),
+                                 dict(tp=2, cp=4, pp=2, vpp=2, gpus=32, schedule=Schedule.INTERLEAVED, zero=1)])
+def test_compiled_sorted_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
+    # buckets of several chunks (interleaved pipeline) on a shared port: readiness, stable sort and the
+    # stream run in one compiled pass per row (kernels.sorted_bucket_stream_end); the generic path
+    # (ready matrix, argsort, serial_shared) gives the same figures bit for bit
+    par = {"global_batch": 8, "zero": 0, "overlap_grad_reduce": True, **par}
+    graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(**par)))
+    calls = []
+    kernel = step_mod.sorted_bucket_stream_end
+    monkeypatch.setattr(step_mod, "sorted_bucket_stream_end", lambda *a: calls.append(1) or kernel(*a))
+    compiled = replay_step(graph, two_tier, "bf16")
+    assert calls, "the compiled path did not run"
+    monkeypatch.setattr(step_mod, "HAVE_NUMBA", False)
+    generic = replay_step(graph, two_tier, "bf16")
+    assert compiled.step_time_s == generic.step_time_s and compiled.breakdown == generic.breakdown
+    np.testing.assert_array_equal(compiled.tails.end, generic.tails.end)
