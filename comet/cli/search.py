@@ -4,6 +4,8 @@ with a progress bar, and print the Pareto set and where the results are."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 from pathlib import Path
 
@@ -123,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
                   + (f"; grid of {size:,} points before pruning" if size != float("inf") else ""))
     outcome = run_study(space, opts)
     _print_outcome(console, outcome, space, args.top)
+    # perf: the study is written and its files closed; at process exit the interpreter's last cyclic
+    # collections would walk the whole heap (~0.4 s after a gpt3_1t study). Frozen objects are skipped by
+    # them and still freed by reference counting; only garbage cycles are left to the OS.
+    atexit.register(gc.freeze)
     return 130 if outcome.interrupted else 0
 
 
