@@ -102,37 +102,31 @@ def test_traffic_inside_nvlink_leaves_the_step_unchanged(two_tier, monkeypatch):
     assert shared.step_time_s == alone.step_time_s and shared.breakdown == alone.breakdown
 
 
-@pytest.mark.parametrize("par", [dict(tp=2, cp=4, pp=1, gpus=16), dict(tp=2, cp=2, pp=2, gpus=32)])
-def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
-    # one chunk's buckets on a shared port run in one compiled pass (kernels.shared_bucket_stream);
-    # the generic path (offsets, sort, serial_shared) gives the same figures bit for bit
-    graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(global_batch=8, zero=0, overlap_grad_reduce=True,
-                                                                        **par)))
+def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str) -> None:
+    """The step with the compiled kernel `kernel_name` (which must run) and with the generic numpy path
+    (offsets, sort, serial_shared) give the same figures bit for bit."""
+    par = {"global_batch": 8, "zero": 0, "overlap_grad_reduce": True, **par}
+    graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(**par)))
     calls = []
-    fused_kernel = step_mod.shared_bucket_stream
-    monkeypatch.setattr(step_mod, "shared_bucket_stream", lambda *a: calls.append(1) or fused_kernel(*a))
-    fused = replay_step(graph, two_tier, "bf16")
-    assert calls, "the fused path did not run"
+    kernel = getattr(step_mod, kernel_name)
+    monkeypatch.setattr(step_mod, kernel_name, lambda *a: calls.append(1) or kernel(*a))
+    compiled = replay_step(graph, two_tier, "bf16")
+    assert calls, f"the compiled path ({kernel_name}) did not run"
     monkeypatch.setattr(step_mod, "HAVE_NUMBA", False)
     generic = replay_step(graph, two_tier, "bf16")
-    assert fused.step_time_s == generic.step_time_s and fused.breakdown == generic.breakdown
-    np.testing.assert_array_equal(fused.tails.end, generic.tails.end)
+    assert compiled.step_time_s == generic.step_time_s and compiled.breakdown == generic.breakdown
+    np.testing.assert_array_equal(compiled.tails.end, generic.tails.end)
+
+
+@pytest.mark.parametrize("par", [dict(tp=2, cp=4, pp=1, gpus=16), dict(tp=2, cp=2, pp=2, gpus=32)])
+def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
+    # one chunk's buckets on a shared port run in one compiled pass (kernels.shared_bucket_stream)
+    _compiled_equals_generic(two_tier, monkeypatch, par, "shared_bucket_stream")
 
 
 @pytest.mark.parametrize("par", [dict(tp=2, cp=2, pp=2, vpp=2, gpus=32, schedule=Schedule.INTERLEAVED),
                                  dict(tp=2, cp=4, pp=2, vpp=2, gpus=32, schedule=Schedule.INTERLEAVED, zero=1)])
 def test_compiled_sorted_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
     # buckets of several chunks (interleaved pipeline) on a shared port: readiness, stable sort and the
-    # stream run in one compiled pass per row (kernels.sorted_bucket_stream_end); the generic path
-    # (ready matrix, argsort, serial_shared) gives the same figures bit for bit
-    par = {"global_batch": 8, "zero": 0, "overlap_grad_reduce": True, **par}
-    graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(**par)))
-    calls = []
-    kernel = step_mod.sorted_bucket_stream_end
-    monkeypatch.setattr(step_mod, "sorted_bucket_stream_end", lambda *a: calls.append(1) or kernel(*a))
-    compiled = replay_step(graph, two_tier, "bf16")
-    assert calls, "the compiled path did not run"
-    monkeypatch.setattr(step_mod, "HAVE_NUMBA", False)
-    generic = replay_step(graph, two_tier, "bf16")
-    assert compiled.step_time_s == generic.step_time_s and compiled.breakdown == generic.breakdown
-    np.testing.assert_array_equal(compiled.tails.end, generic.tails.end)
+    # stream in one compiled pass per row (kernels.sorted_bucket_stream_end)
+    _compiled_equals_generic(two_tier, monkeypatch, par, "sorted_bucket_stream_end")
