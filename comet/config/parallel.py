@@ -89,6 +89,12 @@ class ParallelConfig:
     optimizer_dtype: str = "fp32"              # Adam master weights + moments: fp32, or bf16 (NeMo optim.dtype)
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
     fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
+    # ZeRO-2 as PyTorch FSDP's SHARD_GRAD_OP (FSDP2: reshard_after_forward=False) issues it: each module's
+    # weights all-gathered before its forward in every micro-batch, kept through its backward, its
+    # gradients reduce-scattered right after (torch FullyShardedDataParallel ShardingStrategy docs).
+    # False: ZeRO-1/2 in step-level buckets (Megatron distributed optimizer; Llama 3's FSDP keeps the
+    # weights gathered across micro-batches).
+    shard_grad_op: bool = False
     # How the per-layer ZeRO-3 gathers / reduce-scatters cross nodes: hierarchical (NCCL rings over all
     # NICs of a node, the default) or flat (one ring over the whole DP group at one NIC per GPU, as
     # DeepSpeed-2021 ZeRO-3; ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3"; comet.hardware.network).
@@ -121,6 +127,12 @@ class ParallelConfig:
     def expert_dp(self) -> int:
         """Data-parallel degree of the expert weights: the stage's tp*cp*dp ranks over etp*ep."""
         return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
+    def per_module_dp_collectives(self) -> bool:
+        """The layer blocks carry the data-parallel weight gathers / gradient reduce-scatters (ZeRO-3,
+        FSDP SHARD_GRAD_OP) rather than the stage's step-level buckets."""
+        return self.zero >= 3 or self.shard_grad_op
 
     @property
     def world(self) -> int:
@@ -197,6 +209,8 @@ class ParallelConfig:
              f"FP8 weights need precision fp8, got {self.precision.value}")
         # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per
         # micro-batch, weights kept gathered); Megatron's distributed optimizer cannot.
+        rule(not self.shard_grad_op or (self.fsdp and self.zero == 2), "shard_grad_op",
+             f"is FSDP's ZeRO-2: needs fsdp and zero 2, got fsdp={self.fsdp} zero={self.zero}")
         rule(not (self.zero >= 2 and self.pp > 1) or self.fsdp, "zero",
              f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
              "accumulate across micro-batches; use zero <= 1 with pp > 1")
@@ -236,5 +250,7 @@ class ParallelConfig:
             parts.append(f"{self.dp_collective}-dp")
         if self.optimizer_dtype != "fp32":
             parts.append(f"{self.optimizer_dtype}-optim")
+        if self.shard_grad_op:
+            parts.append("shard-grad-op")
         parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
         return "-".join(parts)

@@ -71,7 +71,8 @@ def _bucket_sets(params: float, par: ParallelConfig, group: GroupKind, dp_size: 
     """Gradient reduce (and ZeRO parameter gather) buckets of `params` per GPU over a data-parallel
     group of `dp_size` ranks (the DP group, or the expert-DP group for routed experts)."""
     buckets, gathers = [], []
-    if dp_size <= 1 or par.zero >= 3 or params <= 0:   # ZeRO-3 reduces per layer inside the blocks
+    per_module = par.zero >= 3 or (par.shard_grad_op and group is GroupKind.DP)
+    if dp_size <= 1 or per_module or params <= 0:   # ZeRO-3 / SHARD_GRAD_OP: per layer inside the blocks
         return buckets, gathers
     kind = Collective.REDUCE_SCATTER if par.zero >= 1 else Collective.ALL_REDUCE
     chunk_p = params / par.vpp
