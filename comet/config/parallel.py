@@ -43,6 +43,10 @@ class OffloadTarget(str, enum.Enum):
     ACTIVATIONS = "activations"   # saved activations offloaded between forward and backward
 
 
+# Gradient bytes on the wire per reduce dtype. Megatron's default is fp32 (arguments.py: bf16 implies
+# accumulate_allreduce_grads_in_fp32); NeMo recipes reduce in bf16.
+REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
 # Gradient-accumulation steps per optimizer step. Published runs use ~10^3 (Llama 3 405B: 16M-token
 # batches of 8,192-token sequences = 2,048 sequences; Dubey et al. 2024, Table 4); 65,536 is 30x that
 # and bounds the replay's memory, which grows linearly with the micro-batch count.
@@ -83,6 +87,10 @@ class ParallelConfig:
     moe_overlap_a2a: bool = False                             # dispatch/combine hidden by the other micro-batch's
                                                               # compute [--overlap-moe-expert-parallel-comm, DeepEP]
     grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
+    # dtype of the data-parallel gradient reduction where it differs from grad_dtype (None: the same):
+    # PyTorch FSDP MixedPrecision.reduce_dtype (Composer PURE: bf16, DEFAULT: fp32), DeepSpeed
+    # communication_data_type (default: the model's fp16 / bf16) while its fp32 gradient partitions stay
+    reduce_dtype: str | None = None
     fp8_impl: str = "te"                       # te: Transformer Engine (FP8 weight caches, FP8 saved inputs);
                                                # torchao: Float8Linear casts on the fly, saves BF16 inputs
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
@@ -127,6 +135,11 @@ class ParallelConfig:
     def expert_dp(self) -> int:
         """Data-parallel degree of the expert weights: the stage's tp*cp*dp ranks over etp*ep."""
         return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element on the wire of the data-parallel reduction."""
+        return REDUCE_BYTES[self.reduce_dtype or self.grad_dtype]
 
     @property
     def per_module_dp_collectives(self) -> bool:
@@ -198,6 +211,8 @@ class ParallelConfig:
              f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+        rule(self.reduce_dtype in (None, *REDUCE_BYTES), "reduce_dtype",
+             f"must be one of {', '.join(REDUCE_BYTES)} or unset, got {self.reduce_dtype!r}")
         rule(self.optimizer_dtype in ("fp32", "bf16"), "optimizer_dtype",
              f"must be fp32 or bf16, got {self.optimizer_dtype!r}")
         rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")

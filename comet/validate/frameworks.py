@@ -74,6 +74,7 @@ class FrameworkDefaults:
     overlap_tp_comm: bool = False
     overlap_p2p_comm: bool = True            # Megatron-LM arguments.py: on unless --no-overlap-p2p-communication
     grad_dtype: str = "fp32"                 # dtype gradients are accumulated and reduced in
+    reduce_dtype: str | None = None          # the DP reduction's dtype where it differs (ParallelConfig)
     vocab_pad_to: int = 128                  # Megatron make_vocab_size_divisible_by; 1 = none
     flops_formula: str = "megatron_model"    # how its TFLOP/s / MFU figures count FLOPs
     fp8_recipe: str = "delayed"
@@ -128,18 +129,25 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
                                    flops_formula="palm_6n"),
     "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, shard_grad_op=True, overlap_param_gather=False,
                                      vocab_pad_to=1, attention_kernel="fa2", flops_formula="llm_foundry",
+                                     reduce_dtype="bf16",
                                      notes={"shard_grad_op": "llm-foundry fsdp_config sharding_strategy "
                                             "SHARD_GRAD_OP: per-module gathers before each forward, "
-                                            "gradients reduce-scattered per module after its backward"}),
+                                            "gradients reduce-scattered per module after its backward",
+                                            "reduce_dtype": "fsdp_config mixed_precision PURE (Composer "
+                                            "get_mixed_precision: reduce_dtype = the autocast dtype)"}),
     "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
-                                 selective_policy="save_qkv"),
+                                 selective_policy="save_qkv", reduce_dtype="bf16",
+                                 notes={"reduce_dtype": "comet's earlier FSDP assumption, not verified in "
+                                        "MaxText's sources"}),
     "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
                                    sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
                                    flops_formula="narayanan_eq3", dp_collective="flat",
                                    # DeepSpeed config defaults: stage3_max_live_parameters 1e9 +
                                    # stage3_prefetch_bucket_size 5e8 (deepspeed/runtime/zero/config.py)
-                                   zero3_live_params=1.5e9,
-                                   notes={"dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
+                                   zero3_live_params=1.5e9, reduce_dtype="fp16",
+                                   notes={"reduce_dtype": "DeepSpeed communication_data_type unset: "
+                                          "gradients reduced in the model's fp16 (fp32 partitions kept)",
+                                          "dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
                                           "group as one ring at ~1 NIC per GPU (physics-notes.md)",
                                           "zero3_live_params": "gathered parameters kept at once: "
                                           "stage3_max_live_parameters + stage3_prefetch_bucket_size"}),

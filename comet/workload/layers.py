@@ -293,12 +293,19 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
     first: list = []
     if par.per_module_dp_collectives and par.dp * par.cp > 1:
         flat = par.dp_collective == "flat"    # DeepSpeed-2021: one ring at one NIC per GPU (network.py)
-        if not (backward and par.shard_grad_op):
+        # Which passes gather the weights: every forward; the backward unless SHARD_GRAD_OP kept them from
+        # the forward; a full recompute only where the framework's hooks fetch again (DeepSpeed ZeRO-3).
+        # PyTorch FSDP checkpoints inside its unit (Composer dist_strategy.py applies activation
+        # checkpointing after FSDP wrapping and skips FSDP modules; torchtitan wraps checkpointed blocks
+        # with fully_shard), so the recompute runs on the weights the backward's gather brought in.
+        gathers = not par.fsdp if bb.phase is Phase.RECOMPUTE else not (backward and par.shard_grad_op)
+        if gathers:
             ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [], flat)
             if not backward and not par.overlap_param_gather:
                 first = [ag]
-        if backward:   # gradients reduced in bf16 (FSDP MixedPrecision reduce_dtype)
-            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, weights, GroupKind.DP, [], flat)
+        if backward:   # gradients reduced in the reduce dtype (FSDP MixedPrecision.reduce_dtype)
+            grads = model.layer_params / par.tp * par.grad_reduce_bytes
+            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, grads, GroupKind.DP, [], flat)
     if OffloadTarget.WEIGHTS in par.offload:
         bb.offload("offload.weights_in", weights, [])
     if OffloadTarget.ACTIVATIONS in par.offload:

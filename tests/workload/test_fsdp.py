@@ -30,7 +30,7 @@ def ideal(h100):
 
 
 def _par(model, **kw):
-    base = dict(tp=1, pp=1, gpus=4, global_batch=4, micro_batch=1, overlap_param_gather=False)
+    base = dict(tp=1, pp=1, gpus=4, global_batch=4, micro_batch=1, overlap_param_gather=False, reduce_dtype="bf16")
     return ParallelConfig(**(base | kw)).resolve(model)
 
 
@@ -44,27 +44,50 @@ def _gather_s(model) -> float:
     return LAUNCH + 0.75 * model.layer_params * 2 / (NODE_GBPS * 1e9)
 
 
+def _kinds(graph) -> dict:
+    return {name: [op.collective for op in _dp_ops(graph.blocks[name])]
+            for name in ("layer.fwd", "layer.recompute", "layer.bwd")}
+
+
+AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+
+
 def test_shard_grad_op_gathers_in_forward_and_reduces_in_backward(tiny_model):
     par = _par(tiny_model, zero=2, fsdp=True, shard_grad_op=True, recompute=Recompute.FULL)
     graph = build_step_graph(tiny_model, par)
+    # weights kept from the forward: neither the recompute nor the backward gathers again
+    assert _kinds(graph) == {"layer.fwd": [AG], "layer.recompute": [], "layer.bwd": [RS]}
     weights = tiny_model.layer_params * 2
-    for name, kinds in (("layer.fwd", [Collective.ALL_GATHER]), ("layer.recompute", [Collective.ALL_GATHER]),
-                        ("layer.bwd", [Collective.REDUCE_SCATTER])):
-        ops = _dp_ops(graph.blocks[name])
-        assert [op.collective for op in ops] == kinds, name
-        assert all(op.msg_bytes == weights and op.group_size == 4 for op in ops)
+    assert all(op.msg_bytes == weights and op.group_size == 4
+               for name in ("layer.fwd", "layer.bwd") for op in _dp_ops(graph.blocks[name]))
     # nothing left for the step-level buckets of Megatron's distributed optimizer
     assert graph.stages[0].grad_buckets == () and graph.stages[0].param_gathers == ()
-    # FULL_SHARD (ZeRO-3) gathers again for the backward
-    z3 = build_step_graph(tiny_model, _par(tiny_model, zero=3, fsdp=True))
-    assert [op.collective for op in _dp_ops(z3.blocks["layer.bwd"])] == [Collective.ALL_GATHER,
-                                                                          Collective.REDUCE_SCATTER]
 
 
-def test_shard_grad_op_is_fsdp_zero_2_only(tiny_model):
+def test_full_recompute_gathers_again_only_outside_pytorch_fsdp(tiny_model):
+    """FULL_SHARD: the backward gathers (for the recompute and the backward together); DeepSpeed-style
+    ZeRO-3 hooks fetch again when the checkpointed forward re-runs."""
+    fsdp = build_step_graph(tiny_model, _par(tiny_model, zero=3, fsdp=True, recompute=Recompute.FULL))
+    assert _kinds(fsdp) == {"layer.fwd": [AG], "layer.recompute": [], "layer.bwd": [AG, RS]}
+    hooks = build_step_graph(tiny_model, _par(tiny_model, zero=3, recompute=Recompute.FULL))
+    assert _kinds(hooks) == {"layer.fwd": [AG], "layer.recompute": [AG], "layer.bwd": [AG, RS]}
+
+
+@pytest.mark.parametrize("grad_dtype,reduce_dtype,nbytes", [("fp32", None, 4), ("bf16", None, 2),
+                                                             ("fp32", "bf16", 2), ("fp32", "fp16", 2)])
+def test_gradients_reduce_scatter_in_the_reduce_dtype(tiny_model, grad_dtype, reduce_dtype, nbytes):
+    for kw in (dict(zero=3, fsdp=True), dict(zero=2, fsdp=True, shard_grad_op=True)):
+        par = _par(tiny_model, grad_dtype=grad_dtype, reduce_dtype=reduce_dtype, **kw)
+        (rs,) = [op for op in _dp_ops(build_step_graph(tiny_model, par).blocks["layer.bwd"]) if op.collective is RS]
+        assert rs.msg_bytes == tiny_model.layer_params * nbytes
+
+
+def test_shard_grad_op_and_reduce_dtype_rules(tiny_model):
     for kw in (dict(zero=3, fsdp=True), dict(zero=2, fsdp=False), dict(zero=1, fsdp=True)):
         with pytest.raises(ConfigError, match="shard_grad_op"):
             _par(tiny_model, shard_grad_op=True, **kw)
+    with pytest.raises(ConfigError, match="reduce_dtype"):
+        _par(tiny_model, reduce_dtype="fp8")
 
 
 def test_forward_waits_for_its_gather_by_hand(tiny_model, ideal):
