@@ -48,6 +48,9 @@ def register(sub) -> None:
     p.add_argument("--overlap-p2p-comm", action="store_const", const=True,
                    help="interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)")
     p.add_argument("--grad-dtype", choices=["fp32", "bf16"], help="gradient reduce dtype (default fp32)")
+    p.add_argument("--reduce-dtype", choices=["fp32", "bf16", "fp16"],
+                   help="dtype of the data-parallel gradient reduction where it differs from --grad-dtype "
+                        "(FSDP MixedPrecision.reduce_dtype; docs/fsdp.md)")
     p.add_argument("--dp-collective", choices=["hierarchical", "flat"],
                    help="ZeRO-3 gathers / reduce-scatters: hierarchical NCCL rings over all NICs (default) or "
                         "flat, one ring at one NIC per GPU (DeepSpeed 2021)")
