@@ -245,16 +245,19 @@ def dropout_add(bb: BlockBuilder, D: Dims, name: str, deps: Deps) -> Deps:
 
 def _ring_merge_bytes(D: Dims, step: int, backward: bool) -> float:
     """HBM traffic of merging ring-attention step `step` into the running result, as Transformer
-    Engine's AttnFuncWithCP does it (TE 1.9 transformer_engine/pytorch/attention.py): forward,
-    `flash_attn_fwd_out_correction` rescales the step's partial output by exp(lse_step - lse) and adds it
-    into the output (read partial, read and write output: 3 passes over this rank's T x heads*d, in the
-    activation dtype); backward, `dq.add_(dq_)` and `dkv.add_(dkv_)` (3 passes each; step 0 copies: 2).
-    The softmax-statistics correction (T x heads fp32 values) is negligible beside them."""
+    Engine's AttnFuncWithCP does it (TE 1.9 transformer_engine/pytorch/attention.py; the same in TE 2.4
+    attention/dot_product_attention/context_parallel.py): forward, `flash_attn_fwd_out_correction`
+    rescales the step's partial output by exp(lse_step - lse) and adds it into the output (read partial,
+    read and write output: 3 passes over this rank's T x heads*d in the activation dtype; the first
+    step's `_init` writes it: 2); backward, `dq.add_(dq_)` and `dkv.add_(dkv_)` (3 passes each; the
+    first step copies: 2). The last rank merges every step in full (the others only half of the
+    steps after their own position). The softmax-statistics correction (T x heads fp32) is negligible."""
+    passes = 2 if step == 0 else 3
     q_out = D.T * D.heads * D.d * ACT_BYTES
     if not backward:
-        return 3 * q_out
+        return passes * q_out
     kv = D.T * 2 * (D.kv // D.t) * ACT_BYTES
-    return (2 if step == 0 else 3) * (q_out + kv)
+    return passes * (q_out + kv)
 
 
 def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Deps:
