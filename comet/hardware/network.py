@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim, Topology
 from comet.graph.ir import Collective
-from comet.hardware.p2p_channels import net_p2p_share
+from comet.hardware.p2p_channels import net_p2p_rate_GBps
 
 A = CollectiveAlgorithm
 
@@ -356,16 +356,19 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
-def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec, share: float = 1.0) -> float:
+def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec,
+                cap_Bps: float = math.inf) -> float:
     """One send over network level `level` (index into cluster.levels) at one port's rate; `distance`
-    (global ranks between sender and receiver) sets the topology share on a ring dimension; `share`:
-    the part of the port's rate the send's NCCL channels reach (p2p_channels.net_p2p_share)."""
+    (global ranks between sender and receiver) sets the topology share on a ring dimension; `cap_Bps`:
+    the rate the send's NCCL channels are sized for, where lower than the port's (p2p_channels.py)."""
     levels = cluster.levels
     below = levels[level - 1].size if level > 0 else 1
     dim = levels[level]
     ports = dim.size // below if dim.size else 0
     view = _DimView(dim, 2, 1, max(1, distance // below), ports)
-    rate, plateau = (r * share for r in view.rates(msg_bytes, "p2p"))
+    rate, plateau = view.rates(msg_bytes, "p2p")
+    if plateau > cap_Bps:
+        rate, plateau = rate * cap_Bps / plateau, cap_Bps
     return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
 
 
@@ -382,15 +385,18 @@ def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int
     """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*ep*dp): over
     the innermost dimension whose domain holds both ranks, at one port's rate. A send that leaves the
     scale-up domain runs on NCCL's channels per network peer, which depend on the communicator: `ranks`
-    of them, `local_ranks` per node (p2p_channels.py; ranks 0 = not known: NCCL's default, the port rate)."""
+    of them, `local_ranks` per node (p2p_channels.py; ranks 0 = not known: as many channels as the
+    NIC needs, so the port rate)."""
     if msg_bytes <= 0:
         return 0.0
-    for i, dim in enumerate(cluster.levels):
-        if dim.size == 0 or distance < dim.size:
-            share = net_p2p_share(ranks, local_ranks) if i > 0 else 1.0
-            return _hop_time_s(msg_bytes, i, distance, cluster, share)
-    last = len(cluster.levels) - 1
-    return _hop_time_s(msg_bytes, last, 1, cluster, net_p2p_share(ranks, local_ranks) if last > 0 else 1.0)
+    levels = cluster.levels
+    level = next((i for i, dim in enumerate(levels) if dim.size == 0 or distance < dim.size), None)
+    if level is None:
+        level, distance = len(levels) - 1, 1
+    cap = math.inf
+    if level > 0:
+        cap = net_p2p_rate_GBps(levels[level].bandwidth / 1e9, ranks, local_ranks) * 1e9
+    return _hop_time_s(msg_bytes, level, distance, cluster, cap)
 
 
 def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
