@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim, Topology
 from comet.graph.ir import Collective
-from comet.hardware.p2p_channels import net_p2p_rate_GBps
+from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
 
 A = CollectiveAlgorithm
 
@@ -383,19 +383,20 @@ def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int = 0,
                local_ranks: int = 1) -> float:
     """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*ep*dp): over
-    the innermost dimension whose domain holds both ranks, at one port's rate. A send that leaves the
-    scale-up domain runs on NCCL's channels per network peer, which depend on the communicator: `ranks`
-    of them, `local_ranks` per node (p2p_channels.py; ranks 0 = not known: as many channels as the
-    NIC needs, so the port rate)."""
+    the innermost dimension whose domain holds both ranks, at one port's rate or the rate of the NCCL
+    channels the send gets, which depend on the communicator: `ranks` of them, `local_ranks` per node
+    (p2p_channels.py). ranks 0 = not known: as many channels as the port needs, so the port's rate."""
     if msg_bytes <= 0:
         return 0.0
     levels = cluster.levels
     level = next((i for i, dim in enumerate(levels) if dim.size == 0 or distance < dim.size), None)
     if level is None:
         level, distance = len(levels) - 1, 1
-    cap = math.inf
+    dim = levels[level]
     if level > 0:
-        cap = net_p2p_rate_GBps(levels[level].bandwidth / 1e9, ranks, local_ranks) * 1e9
+        cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
+    else:   # inside the NVLink domain: the channels of a single-node communicator (p2p_channels.py)
+        cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
     return _hop_time_s(msg_bytes, level, distance, cluster, cap)
 
 
