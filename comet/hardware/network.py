@@ -47,7 +47,9 @@ between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of PIPELINE_RO
 buffer of a round or less pays both stages, a large one the slower stage. A tree also pays its
 depth: one chunk per stage up and down before its pipeline runs full (_depth_fill_s).
 
-Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks;
+Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks, at the
+port's rate or, where the communicator is given, at the rate of the NCCL channels it gets
+(p2p_channels.py);
 `ring_exchange_time_s` times one step of a ring exchange (context parallelism) at its slowest hop,
 so a CP ring spanning nodes moves at the NIC rate.
 """
