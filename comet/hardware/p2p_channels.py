@@ -2,7 +2,8 @@
 
 Read from NCCL's own code: the host code of libnccl.so.2 in the nvidia-nccl-cu12 2.32.3 wheel (defaults
 and rules as disassembled; the NCCL source is not on PyPI), named as in NCCL's source. A channel is one
-thread block of NCCL's kernel with its own buffers and connection.
+thread block of NCCL's kernel with its own buffers and connection. Assumed: the rows' NCCL (2.26-2.31)
+follows the same rules, and other GPUs than sm90 (Hopper) the sm90 constants (no per-architecture table).
 
 Channels per peer (ncclTopoComputeP2pChannelsPerPeer, the smallest over the communicator's peers):
   * a peer on NVLink: 2 x (path bandwidth / SM90_NVLINK_BW), SM90_NVLINK_BW = 20.6 GB/s a link
