@@ -78,6 +78,7 @@ class FrameworkDefaults:
     attention_kernel: str = "fused"          # TE / cuDNN fused attention; fa2: PyTorch SDPA / flash-attn 2
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
+    loss_impl: str = "fused"                 # cross-entropy memory: fused (in place / compiled) or eager
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
@@ -141,6 +142,25 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
 }
 GENERIC = FrameworkDefaults("generic")
 
+# torchtitan's loss (memory: comet/workload/memory.py LOSS_LOGIT_BYTES). Since 0.1.0
+# (torchtitan/components/loss.py `build_cross_entropy_loss`) --training.compile also compiles the loss, which
+# its published benchmarks set; before it, train.py kept `# TODO: compiling loss function causes CUDA
+# errors, turning off for now` over `loss_fn = torch.compile(loss_fn)`, so the loss ran in eager mode.
+# Versions that state 0.0.x (the version.txt of every checkout before 0.1.0) or a year up to 2024 get the
+# eager loss; others (0.1.0 on, or a bare commit) the compiled one.
+FRAMEWORKS["torchtitan"] = replace(
+    FRAMEWORKS["torchtitan"], loss_impl="fused",
+    notes={"loss_impl": "torchtitan >= 0.1.0 compiles the loss with --training.compile (components/loss.py)"})
+_TORCHTITAN_EAGER_LOSS = replace(
+    FRAMEWORKS["torchtitan"], key="torchtitan (< 0.1.0)", loss_impl="eager",
+    notes={"loss_impl": "torchtitan before 0.1.0 left the loss uncompiled (train.py: compiling it 'causes CUDA "
+                        "errors, turning off for now')"})
+
+
+def _torchtitan_before_0_1(version: str) -> bool:
+    year = _year(version)
+    return bool(re.search(r"\b0\.0\.\d+\b", version)) or (year is not None and year <= 2024)
+
 
 def _year(version: str) -> int | None:
     m = re.search(r"\b(20\d\d)\b", version)
@@ -150,7 +170,9 @@ def _year(version: str) -> int | None:
 def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
     """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
     that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
-    with Korthikanti et al. (arXiv:2205.05198, May 2022)."""
+    with Korthikanti et al. (arXiv:2205.05198, May 2022); torchtitan before 0.1.0 has an eager loss."""
+    if framework == "torchtitan" and _torchtitan_before_0_1(version):
+        return _TORCHTITAN_EAGER_LOSS
     if framework == "megatron-lm":
         year = _year(version)
         if year is not None and year <= 2021:

@@ -255,6 +255,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
     if zero >= 3 and d.zero3_live_params is not None:
         live = d.zero3_live_params
         c.default("zero3_live_params", f"{live:.3g}")
+    loss_impl = c.default("loss_impl", d.loss_impl) if "loss_impl" in d.notes else d.loss_impl
     first, last = c.integer("pp_first_stage_layers"), c.integer("pp_last_stage_layers")
     emb_loss = False
     if first is None and last is None and model.layers % (pp * vpp) and (model.layers + 2) % (pp * vpp) == 0:
@@ -279,7 +280,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
-            dp_collective=dp_collective, zero3_live_params=live,
+            dp_collective=dp_collective, zero3_live_params=live, loss_impl=loss_impl,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)
