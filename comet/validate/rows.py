@@ -78,6 +78,7 @@ class Case:
     flops_formula: str = "megatron_model"
     mfu_peak_tflops: float | None = None
     total_tokens: float | None = None
+    memory_measure: str = "max_reserved"   # memory rows: what was read (comet/workload/memory_measures.py)
     held_out: bool = False
     skip_reason: str = ""
     bad_column: str = ""                 # the cell that made the row unreadable
@@ -306,7 +307,7 @@ def _metric_inputs(c: Cells, case: Case) -> None:
         if case.total_tokens is None:
             raise _Skip("time_to_train_min needs total_tokens")
     if case.metric in MEMORY_METRICS:
-        c.enum_or("memory_measure", "max_reserved")
+        case.memory_measure = c.enum_or("memory_measure", "max_reserved")
 
 
 def derive_case(row: dict, index: int) -> Case:
