@@ -5,11 +5,11 @@ it: the tensors, the caching allocator's cached free blocks, and what is allocat
 allocator. The cluster's `workspace_GB` is everything but the tensors. PyTorch reports less
 (PyTorch docs, "CUDA semantics: memory management"; torch.cuda.memory_stats):
 
-  nvidia_smi     everything: tensors + allocator cache + CUDA context + NCCL buffers
-  max_reserved   the caching allocator's segments: tensors + cached free blocks (fragmentation);
-                 the CUDA context and NCCL's buffers (NCCL cudaMallocs its own) are outside it
-  max_allocated  live tensors only (torch.cuda.max_memory_allocated); max_active counts the same
-                 blocks (allocated plus those freed but not yet reusable by another stream)
+- nvidia_smi: everything: tensors + allocator cache + CUDA context + NCCL buffers.
+- max_reserved: the caching allocator's segments: tensors + cached free blocks (fragmentation); the CUDA
+  context and NCCL's buffers (NCCL cudaMallocs its own) are outside it.
+- max_allocated: live tensors only (torch.cuda.max_memory_allocated); max_active counts the same blocks
+  (allocated plus those freed but not yet reusable by another stream).
 
 The part outside the allocator is the CUDA context plus NCCL's buffers per communicator; what is left of
 the workspace is the allocator's cache. The total and the fit test are unchanged by the split.
