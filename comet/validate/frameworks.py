@@ -21,6 +21,7 @@ Sources of the defaults:
 - torchtitan (`torchtitan/config/job_config.py`): FSDP2 (ZeRO 3), selective activation checkpointing,
   `mixed_precision_reduce = float32`, FSDP2 prefetches the next module's all-gather, no vocab padding,
   SDPA flash attention (FlashAttention-2 kernels: `attention_kernel` fa2), sequence parallel with TP.
+  Its loss is compiled with the model (--training.compile) since 0.1.0 and ran eagerly before (`loss_impl`).
 - llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
   FSDP default), bf16, flash attention (`attn_impl: flash`, the flash-attn 2 package: fa2), no vocab padding
   (MPT configs already pad to 50368).
