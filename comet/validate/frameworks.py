@@ -18,6 +18,7 @@ Sources of the defaults:
   Megatron-Core: distributed optimizer (ZeRO 1), sequence parallelism with TP, overlapped grad reduce
   and param gather, TP communication overlap (userbuffers; every H100 recipe sets tp_comm_overlap),
   gradients reduced in BF16 (`grad_reduce_in_fp32: false` / `grad_sync_dtype: bf16`), micro-batch 1.
+  A row that states fsdp runs Megatron-FSDP (bf16 parameter shard + fp32 main-weight shard: `fsdp_impl`).
 - torchtitan (`torchtitan/config/job_config.py`): FSDP2 (ZeRO 3), selective activation checkpointing,
   `mixed_precision_reduce = float32`, FSDP2 prefetches the next module's all-gather, no vocab padding,
   SDPA flash attention (FlashAttention-2 kernels: `attention_kernel` fa2), sequence parallel with TP.
@@ -80,6 +81,7 @@ class FrameworkDefaults:
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     loss_impl: str = "fused"                 # cross-entropy memory: fused (in place / compiled) or eager
+    fsdp_impl: str = "torch"                 # a stated fsdp: PyTorch FSDP (torch) or Megatron-FSDP (megatron)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
@@ -95,7 +97,7 @@ class FrameworkDefaults:
 
 
 _MEGATRON_CORE = FrameworkDefaults(
-    "megatron-lm", zero=0, uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
+    "megatron-lm", zero=0, fsdp_impl="megatron", uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
     overlap_param_gather=False,
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
@@ -103,7 +105,7 @@ _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision=
                          overlap_p2p_comm=False, uneven_pipeline=False, bf16_grad_reduce=False,
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
-_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
+_NEMO = FrameworkDefaults("nemo", zero=1, fsdp_impl="megatron", overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
                           uneven_pipeline=True, interleave=True,
                           notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
                                  "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})

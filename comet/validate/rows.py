@@ -281,7 +281,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
-            dp_collective=dp_collective, zero3_live_params=live, loss_impl=loss_impl,
+            dp_collective=dp_collective, zero3_live_params=live, loss_impl=loss_impl, fsdp_impl=d.fsdp_impl,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)

@@ -245,8 +245,11 @@ def _layer_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
 
 
 def _fsdp_fp32_shard(par: ParallelConfig) -> bool:
-    """Whether the ZeRO-3 shard is an FSDP fp32 parameter that is also the optimizer's master copy."""
-    return par.fsdp and par.zero >= 3 and par.optimizer_dtype == "fp32"
+    """Whether the ZeRO-3 shard is an FSDP fp32 parameter that is also the optimizer's master copy: PyTorch
+    FSDP (and JAX, whose fp32 parameters are cast to bf16 per use). Megatron-FSDP keeps a bf16 parameter
+    shard and a separate fp32 main-weight shard (megatron/core/distributed/fsdp: `preserve_fp32_weights`),
+    the byte count of the distributed optimizer."""
+    return par.fsdp and par.fsdp_impl == "torch" and par.zero >= 3 and par.optimizer_dtype == "fp32"
 
 
 def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: float) -> float:

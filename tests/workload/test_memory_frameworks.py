@@ -92,3 +92,13 @@ def test_other_frameworks_keep_the_fused_loss():
 def test_unknown_loss_implementation_is_a_config_error(tiny):
     with pytest.raises(ConfigError, match="loss_impl"):
         _par(tiny, loss_impl="chunked")
+
+
+def test_megatron_fsdp_keeps_a_bf16_shard_beside_the_fp32_main_weights(tiny, h100):
+    """Megatron-FSDP: bf16 shard 2P/4 + two gathered layers = 311,104 and fp32 main + m + v 12P/4 = 680,832,
+    as ZeRO-3 without FSDP; no root kept gathered."""
+    mem = estimate_memory(tiny, _par(tiny, fsdp_impl="megatron"), h100)
+    assert mem.weights_GB * 1e9 == pytest.approx(311_104, rel=1e-9)
+    assert mem.optimizer_GB * 1e9 == pytest.approx(680_832, rel=1e-9)
+    assert {defaults_for(f).fsdp_impl for f in ("megatron-lm", "nemo", "megatron-bridge")} == {"megatron"}
+    assert {defaults_for(f).fsdp_impl for f in ("torchtitan", "llm-foundry", "automodel", "maxtext")} == {"torch"}
