@@ -279,6 +279,8 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
         # resharded after the forward, its parameters being needed again at once by the backward (FSDP1
         # torch/distributed/fsdp/_runtime_utils.py `_post_forward_reshard`; FSDP2 _fsdp_state.py
         # `_lazy_init`: the root's post_forward_mesh_info is None): gathered in bf16 for the whole step.
+        # PyTorch 2.13 does so only where reshard_after_forward is left unset (`_auto_reshard_after_forward`),
+        # while torchtitan 0.1.0 passes True for the root: counted as in the torch 2.7/2.8 its rows ran.
         buffer += (params - _layer_params(model, par, stage)) * WEIGHT_BYTES
     if par.zero3_live_params is not None:   # DeepSpeed: per-module gathers up to the live budget; a larger
         # module is still gathered whole (deepspeed/runtime/zero/partitioned_param_coordinator.py)
