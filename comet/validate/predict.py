@@ -107,7 +107,7 @@ def _measured_memory(case: Case, cluster: ClusterSpec, total_GB: float) -> float
     """The footprint as the row's memory_measure reads it (nvidia-smi, reserved or allocated), in the
     row's unit."""
     mem = memory_of(case.model, cluster, case.parallel)
-    gb = total_GB if mem is None else measured_GB(mem, case.parallel, case.memory_measure)
+    gb = total_GB if mem is None else measured_GB(mem, case.parallel, cluster, case.memory_measure)
     return gb * 1e9 / GIB if case.metric == "memory_gib_per_gpu" else gb
 
 
