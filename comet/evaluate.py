@@ -21,7 +21,10 @@ from comet.workload.memory import MemoryEstimate, estimate_memory
 
 def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> ParallelConfig:
     """Derive dp / SP and check every rule, including what the hardware can run."""
-    par = parallel.resolve(model)
+    # perf: ParallelConfig.resolve (derived fields and every rule, ~35 us) depends on the model and the
+    # configuration alone; a search resolves each configuration once per cluster. A rule it breaks is
+    # raised again on every call (errors are not stored).
+    par = cache.resolved.get_or((model, parallel), lambda: parallel.resolve(model))
     check_job_fits_domains(cluster, par.gpus)
     if par.precision.value not in cluster.gpu.peak_tflops:
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "

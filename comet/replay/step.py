@@ -212,14 +212,33 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                                          for k in range(bs.count)]
             clock += bs.count * d
         gather_end[stages] = clock
-    summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
+    summary = _summary_shared(plan, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
-                   dp_rate=dp_rate, blocks_key=blocks_key)
+    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks,
+                   gather_events if keep_block_replays else None, dp_rate=dp_rate, blocks_key=blocks_key)
     crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
                       (f_dur, b_dur, f_release))
+
+
+def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.ndarray) -> PipelineSummary:
+    """The task level's per-stage figures, shared by candidates whose task durations and releases are
+    equal bit for bit (clusters that differ in HBM, prices, or a part of the network that no task, send or
+    early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
+    def run() -> PipelineSummary:
+        summary = summarize(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur, b_dur, f_release)
+        for a in (summary.compute_end, summary.last_b_start, summary.bubble, summary.gather_wait):
+            a.flags.writeable = False     # shared: read-only from here on
+        return summary
+
+    key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur.shape, _bits(f_dur), _bits(b_dur),
+           _bits(f_release))
+    return cache.summaries.get_or(key, run)
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype=float).tobytes()
 
 
 def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple[float, float, float, int]:
@@ -234,6 +253,25 @@ def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple
                                                        else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     return float(head), float(per_layer), float(all_compute), int(n)
+
+
+def _bucket_ready_terms_shared(graph: StepGraph, blocks: dict, blocks_key: tuple, stage: int, bs) -> tuple:
+    """_bucket_ready_terms, shared by the candidates of one graph whose blocks are timed alike (the same
+    cached BlockTiming objects, held by `blocks_key`): it reads nothing else."""
+    key = ("bucket ready terms", cache.object_key(graph), blocks_key, stage, bs.chunk)
+    return cache.facts.get_or(key, lambda: _bucket_ready_terms(graph, blocks, stage, bs))
+
+
+def _optimizer_s(graph: StepGraph, stage: int, t, compute_key: tuple) -> tuple[float, float]:
+    """A stage's optimizer step: (its compute seconds, its host-link copy seconds). Compute and copy
+    kernel times read only what `compute_key` holds ((cache.compute_key, precision)), so clusters that
+    differ in their network share them."""
+    def total() -> tuple[float, float]:
+        ops = graph.stages[stage].optimizer
+        return (sum(t(op) for op in ops if op.kind is OpKind.COMPUTE),
+                sum(t(op) for op in ops if op.kind is OpKind.MEMCPY))
+
+    return cache.facts.get_or(("optimizer seconds", cache.object_key(graph), stage, compute_key), total)
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
@@ -282,14 +320,16 @@ def _stage_groups_shared(graph: StepGraph) -> dict:
     return cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
 
 
-def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end: np.ndarray, t, blocks,
-           events: list | None = None, dp_rate: np.ndarray | None = None, *, blocks_key: tuple) -> StageTails:
+def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,
+           gather_end: np.ndarray, t, blocks, events: list | None = None, dp_rate: np.ndarray | None = None, *,
+           blocks_key: tuple) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
     (name, start, end) so far, extended here (for the timeline); None: not recorded."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
+    compute_key = (cache.compute_key(cluster), precision)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
@@ -298,8 +338,7 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
     for stages in groups.values():
         st = graph.stages[stages[0]]
         rows = stages
-        adam[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
-        link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
+        adam[rows], link[rows] = _optimizer_s(graph, int(stages[0]), t, compute_key)
         if not st.grad_buckets:
             continue
         if len(st.grad_buckets) == 1 and dp_rate is not None and HAVE_NUMBA and not record:
@@ -308,7 +347,8 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
             bs = st.grad_buckets[0]
             ends, in_order = shared_bucket_stream(
                 last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows],
-                *_bucket_ready_terms(graph, blocks, stages[0], bs), bs.count, bs.progressive, float(t(bs.op)))
+                *_bucket_ready_terms_shared(graph, blocks, blocks_key, int(stages[0]), bs), bs.count, bs.progressive,
+                float(t(bs.op)))
             if in_order:
                 dp_end[rows] = ends[:, -1]
                 continue
