@@ -114,8 +114,11 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
     step = rep.step_time_s
     tokens = par.global_batch * model.seq_len
     peak = cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16")
-    model_tflops = model_flops_per_step(model, par.global_batch) / step / par.gpus / 1e12
-    hw_tflops = hardware_flops_per_step(model, par) / step / par.gpus / 1e12
+    # perf: a configuration's FLOPs per step are the model's and the configuration's alone
+    model_flops, hw_flops = cache.facts.get_or(("flops per step", model, par), lambda: (
+        model_flops_per_step(model, par.global_batch), hardware_flops_per_step(model, par)))
+    model_tflops = model_flops / step / par.gpus / 1e12
+    hw_tflops = hw_flops / step / par.gpus / 1e12
     res = Result(CandidateStatus.OK, label=par.label(), step_time_s=step, tokens_per_s=tokens / step,
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
                  breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))

@@ -179,7 +179,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     blocks, blocks_key = _block_timings(graph, cluster, precision, keep_block_replays)
     plan = graph.plan
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
-    kinds = task_kinds(plan)
+    # perf: the plan is the cached graph's (read-only); its task kinds are looked up once per plan object
+    kinds = cache.facts.get_or(("task kinds", cache.object_key(plan)), lambda: task_kinds(plan))
     f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds)
 
     memo: dict = {}
@@ -195,7 +196,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     # chunk's first forward waits for the buckets holding its first layer.
     gather_end = np.zeros(pp)
-    gather_events: list[list] = [[] for _ in range(pp)]   # (name, start, end) for the timeline
+    gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
     f_release = np.zeros((pp, vpp))
     for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
         st = graph.stages[stages[0]]
@@ -214,8 +215,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
         gather_end[stages] = clock
     summary = _summary_shared(plan, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks,
-                   gather_events if keep_block_replays else None, dp_rate=dp_rate, blocks_key=blocks_key)
+    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
+                   blocks_key=blocks_key)
     crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
