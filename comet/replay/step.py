@@ -256,23 +256,41 @@ def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple
     return float(head), float(per_layer), float(all_compute), int(n)
 
 
-def _bucket_ready_terms_shared(graph: StepGraph, blocks: dict, blocks_key: tuple, stage: int, bs) -> tuple:
-    """_bucket_ready_terms, shared by the candidates of one graph whose blocks are timed alike (the same
-    cached BlockTiming objects, held by `blocks_key`): it reads nothing else."""
-    key = ("bucket ready terms", cache.object_key(graph), blocks_key, stage, bs.chunk)
-    return cache.facts.get_or(key, lambda: _bucket_ready_terms(graph, blocks, stage, bs))
+@dataclass(frozen=True)
+class _TailStatics:
+    """What a graph's stage tails read that the network does not change: per stage the optimizer's
+    compute and host-link seconds; per stage group (rows, first stage, its StageSync, and for one
+    chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync."""
+    adam: np.ndarray
+    link: np.ndarray
+    groups: tuple
+    emb: tuple
 
 
-def _optimizer_s(graph: StepGraph, stage: int, t, compute_key: tuple) -> tuple[float, float]:
-    """A stage's optimizer step: (its compute seconds, its host-link copy seconds). Compute and copy
-    kernel times read only what `compute_key` holds ((cache.compute_key, precision)), so clusters that
-    differ in their network share them."""
-    def total() -> tuple[float, float]:
-        ops = graph.stages[stage].optimizer
-        return (sum(t(op) for op in ops if op.kind is OpKind.COMPUTE),
-                sum(t(op) for op in ops if op.kind is OpKind.MEMCPY))
+def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
+                  t) -> _TailStatics:
+    """_TailStatics, shared by the candidates of one graph whose blocks are timed alike (the same cached
+    BlockTiming objects, held by `blocks_key`) on GPUs alike (`compute_key`: (cache.compute_key,
+    precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
+    differ in their network share it."""
+    def build() -> _TailStatics:
+        pp = graph.plan.pp
+        adam, link = np.zeros(pp), np.zeros(pp)
+        rows_of = []
+        for stages in groups.values():
+            s0 = int(stages[0])
+            st = graph.stages[s0]
+            adam[stages] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
+            link[stages] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
+            terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0]) if len(st.grad_buckets) == 1
+                     else None)
+            rows_of.append((stages, s0, st, terms))
+        emb = tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
+                           for s in stages))
+        adam.flags.writeable = link.flags.writeable = False
+        return _TailStatics(adam, link, tuple(rows_of), emb)
 
-    return cache.facts.get_or(("optimizer seconds", cache.object_key(graph), stage, compute_key), total)
+    return cache.facts.get_or(("tail statics", cache.object_key(graph), blocks_key, compute_key), build)
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
@@ -330,38 +348,33 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
-    compute_key = (cache.compute_key(cluster), precision)
+    statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
+    adam, link = statics.adam, statics.link
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
-    adam = np.zeros(pp)
-    link = np.zeros(pp)
-    for stages in groups.values():
-        st = graph.stages[stages[0]]
-        rows = stages
-        adam[rows], link[rows] = _optimizer_s(graph, int(stages[0]), t, compute_key)
+    fast = dp_rate is not None and HAVE_NUMBA and not record
+    for rows, s0, st, terms in statics.groups:
         if not st.grad_buckets:
             continue
-        if len(st.grad_buckets) == 1 and dp_rate is not None and HAVE_NUMBA and not record:
+        if terms is not None and fast:
             # perf: one chunk's equal buckets on a shared port, offsets and stream in one compiled
             # pass (the generic path below, bit for bit; tests/replay/test_contention.py)
             bs = st.grad_buckets[0]
             ends, in_order = shared_bucket_stream(
-                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows],
-                *_bucket_ready_terms_shared(graph, blocks, blocks_key, int(stages[0]), bs), bs.count, bs.progressive,
-                float(t(bs.op)))
+                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows], *terms,
+                bs.count, bs.progressive, float(t(bs.op)))
             if in_order:
                 dp_end[rows] = ends[:, -1]
                 continue
-        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, blocks_key, int(stages[0]),
-                                                                         st, t)
+        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, blocks_key, s0, st, t)
         if in_bucket_order:
             # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
             # offsets): the stable sort is the identity
             order = None
             ready = last_b_start[rows, chunk_of[0]][:, None] + offsets[None, :]
             in_order, durs_in_order = ready, durs
-        elif dp_rate is not None and HAVE_NUMBA and not record:
+        elif fast:
             # perf: buckets of several chunks: readiness, stable sort and the shared port in one compiled
             # pass per row (the arithmetic below, bit for bit; tests/replay/test_contention.py)
             dp_end[rows] = sorted_bucket_stream_end(last_b_start, rows, chunk_of, offsets, durs, gather_end[rows],
@@ -378,14 +391,14 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
         dp_end[rows] = ends[:, -1]
         if record:
             names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
-            for r, s in enumerate(stages):
+            for r, s in enumerate(rows):
                 idx = range(len(names)) if order is None else order[r].tolist()
                 events[s] += [(names[i], e - durs[i], e) for i, e in zip(idx, ends[r].tolist())]
     compute_end = summary.compute_end
     partner_wait = np.zeros(pp)
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
-    emb = sorted(s for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None for s in stages)
+    emb = statics.emb
     if emb:
         ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
         start = max(ready_at.values())
@@ -399,16 +412,15 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     optimizer_start = np.maximum(compute_end, dp_end)
     optimizer_end = optimizer_start + adam + offload
     end = optimizer_end.copy()
-    for stages in groups.values():
-        st = graph.stages[stages[0]]
+    for rows, _, st, _ in statics.groups:
         if st.gather_before_forward:
             continue
         for bs in st.param_gathers:
             d = t(bs.op)
             if record:
-                for s in stages:
+                for s in rows:
                     events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
-            end[stages] += bs.count * d
+            end[rows] += bs.count * d
     return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
 
 
