@@ -10,7 +10,7 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.replay import cache
+from comet.replay import cache, pipeline
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
 from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end
@@ -233,8 +233,9 @@ def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.nd
             a.flags.writeable = False     # shared: read-only from here on
         return summary
 
-    key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur.shape, _bits(f_dur), _bits(b_dur),
-           _bits(f_release))
+    # the solver is part of the key: the numpy fallback equals the compiled one to 1e-12, not bit for bit
+    key = (pipeline.HAVE_NUMBA, plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur.shape, _bits(f_dur),
+           _bits(b_dur), _bits(f_release))
     return cache.summaries.get_or(key, run)
 
 
