@@ -64,20 +64,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
                       **_memory_fields(mem))
     try:
         graph = _graph_for(model, cluster, par, base)
-        rep = _replay(graph, cluster, par.precision.value, bool(timeline))
+        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=bool(timeline))
     except CometError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
     return _result(model, cluster, par, job, mem, rep, timeline)
-
-
-def _replay(graph: StepGraph, cluster: ClusterSpec, precision: str, timeline: bool) -> StepReplay:
-    # perf: a step replay reads of the cluster only what its cost models read (cache.timing_key: GPU,
-    # efficiency, expansion tier, network): clusters of a study that differ in HBM capacity or prices
-    # share it (read-only; a timeline's replay keeps per-op data and is not shared)
-    if timeline:
-        return replay_step(graph, cluster, precision, keep_block_replays=True)
-    return cache.steps.get_or((cache.object_key(graph), cache.timing_key(cluster), precision),
-                              lambda: replay_step(graph, cluster, precision))
 
 
 def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
@@ -131,7 +121,7 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
     hw_tflops = hw_flops / step / par.gpus / 1e12
     res = Result(CandidateStatus.OK, label=par.label(), step_time_s=step, tokens_per_s=tokens / step,
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
-                 breakdown=dict(rep.breakdown), gpus=par.gpus, **_memory_fields(mem))
+                 breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))
     res.extra["critical_stage"] = rep.critical_stage
     if mem.tight:   # over the nominal HBM, inside the fit margin (comet.workload.memory.FIT_MARGIN)
         res.extra["memory_tight"] = True

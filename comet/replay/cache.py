@@ -112,8 +112,6 @@ orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (
 # (pipeline shape, task durations and releases as bytes) -> PipelineSummary (replay/step.py): a few
 # (pp, vpp) arrays, ~2-10 KB an entry
 summaries = LRU(_BLOCK_ENTRIES)
-# (graph object, timing key, precision) -> StepReplay (evaluate._replay): per-stage arrays, ~10-50 KB an entry
-steps = LRU(_GRAPH_ENTRIES)
 
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
@@ -279,7 +277,7 @@ def disabled():
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
     for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, network, orders,
-              summaries, steps):
+              summaries):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
