@@ -17,8 +17,9 @@ import networkx as nx
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
+from comet.graph.block import Block, chain_edges
 from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
-                            KernelClass, Op, OpKind, Phase, chain_streams, new_graph)
+                            KernelClass, Op, OpKind, Phase)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 
 ACT_BYTES = 2   # bf16/fp16 activations
@@ -58,17 +59,18 @@ class BlockBuilder:
     """Appends ops to one block graph; ops on the same stream run in insertion order."""
 
     def __init__(self, phase: Phase, par: ParallelConfig, model: ModelSpec):
-        self.g = new_graph()
+        # perf: ops and data edges in lists; no networkx graph is built unless one is asked for (graph/block.py)
+        self.ops: list[Op] = []
+        self.deps: list[tuple[int, int]] = []
         self.phase = phase
         self.par = par
         self.model = model
         self.fp8 = par.precision is Precision.FP8
 
     def _add(self, op: Op, after) -> int:
-        nid = len(self.g)
-        self.g.add_node(nid, op=op)
-        for u in (a for a in after if a is not None):
-            self.g.add_edge(u, nid, dep="data")
+        nid = len(self.ops)
+        self.ops.append(op)
+        self.deps += [(u, nid) for u in after if u is not None]
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
@@ -138,7 +140,9 @@ class BlockBuilder:
                          after)
 
     def done(self) -> nx.DiGraph:
-        return chain_streams(self.g)
+        """The block (a DiGraph, built on first use): ops in insertion order, data edges, and stream
+        order between consecutive ops of a stream."""
+        return Block.of(self.ops, chain_edges(self.ops, self.deps))
 
 
 def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:
