@@ -134,7 +134,7 @@ def _swap(ev, a, b) -> None:
         ev[b, c] = x
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _push(ev, size, seq, t, prio, i, v) -> int:
     ev[size, 0] = t
     ev[size, 1] = prio
@@ -151,7 +151,7 @@ def _push(ev, size, seq, t, prio, i, v) -> int:
     return size + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _pop(ev, size) -> int:
     """Moves the earliest event to row `size - 1` (read it there); returns the new size."""
     last = size - 1
@@ -171,7 +171,7 @@ def _pop(ev, size) -> int:
 
 
 # ----------------------------------------------------------------------- per-resource ready queues
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _queue_push(q, lo, qsize, r, i, topo) -> None:
     k = qsize[r]
     qsize[r] = k + 1
@@ -186,7 +186,7 @@ def _queue_push(q, lo, qsize, r, i, topo) -> None:
         k = p
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _queue_pop(q, lo, qsize, r, topo) -> int:
     base = lo[r]
     top = q[base]
@@ -214,6 +214,23 @@ def _queue_pop(q, lo, qsize, r, topo) -> int:
 def replay_arrays(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, overlap_slowdown: float):
     """Replay a packed graph: (start, end, arrive, binding, ops done, exposure parts in PARTS order,
     makespan). Fewer ops done than the graph has: a deadlock (the caller raises)."""
+    return _replay(structure, delay, dur, overlap_slowdown)
+
+
+@njit(cache=True, nogil=True)
+def replay_summary(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, overlap_slowdown: float) -> np.ndarray:
+    """[ops done, makespan, exposure parts in PARTS order] of replay_arrays: what a block's timing
+    keeps (perf: numba boxes each returned array on every call; one instead of five)."""
+    _, _, _, _, done, parts, makespan = _replay(structure, delay, dur, overlap_slowdown)
+    out = np.empty(2 + parts.shape[0])
+    out[0] = done
+    out[1] = makespan
+    out[2:] = parts
+    return out
+
+
+@njit(nogil=True)
+def _replay(structure, delay, dur, overlap_slowdown):
     n, n_edges, n_groups, n_members, n_res, n_ranks = (structure[0], structure[1], structure[2], structure[3],
                                                        structure[4], structure[5])
     o = _HEADER
@@ -344,7 +361,7 @@ def replay_arrays(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, ove
             if arrived[g] == group_ptr[g + 1] - group_ptr[g]:
                 size, seq = _begin_transfer(members[group_ptr[g]:group_ptr[g + 1]], t, dur, arrive, topo, start,
                                             binding, rank, comm_active, overlap_slowdown, head, nxt, rem, rate_of,
-                                            since, ver, version, slow, ev, size, seq)
+                                            since, ver, version, slow, ev, size, seq, -1)
             continue
         start[i] = t
         if flags[i] & 2 != 0:
@@ -379,7 +396,7 @@ def replay_arrays(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, ove
     return start, end, arrive, binding, done, parts, makespan
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slow, ev, size, seq):
     """Rank r's running compute ops continue at the rate its transfers in flight allow from t."""
     rate = slow if comm_active[r] != 0 else 1.0
@@ -397,9 +414,9 @@ def _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slo
     return size, seq
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _begin_transfer(members, t, dur, arrive, topo, start, binding, rank, comm_active, overlap_slowdown, head, nxt,
-                    rem, rate_of, since, ver, version, slow, ev, size, seq, single=-1):
+                    rem, rate_of, since, ver, version, slow, ev, size, seq, single):
     """Every member starts at t and ends after the longest member's duration; each rank involved
     counts one more transfer in flight (in the order its first member is listed). `single`: an
     unmatched communication op instead of `members`."""
@@ -436,40 +453,81 @@ def _begin_transfer(members, t, dur, arrive, topo, start, binding, rank, comm_ac
 
 
 # -------------------------------------------------------------------------------- exposure split
-@njit(cache=True, nogil=True)
-def _measure(a, b):
-    """The union of intervals [a, b) as disjoint intervals in order (blocks._measure)."""
-    k = a.shape[0]
-    by_end = np.argsort(b, kind="mergesort")
-    order = by_end[np.argsort(a[by_end], kind="mergesort")]     # by (a, b)
-    ma = np.empty(k)
-    mb = np.empty(k)
+# Interval lists are (starts, ends, count) in preallocated buffers. A union of intervals is kept as
+# blocks._measure returns it: disjoint, in order, touching intervals joined, empty ones dropped; that
+# form is unique, so building it by merging sorted lists gives the same floats as sorting their
+# concatenation, and lengths are summed left to right as there.
+@njit(nogil=True)
+def _by_span(start, end):
+    """Op indices ordered by (start, end): a bottom-up merge sort."""
+    n = start.shape[0]
+    a = np.arange(n)
+    b = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if j < hi and (i >= mid or start[a[j]] < start[a[i]]
+                               or (start[a[j]] == start[a[i]] and end[a[j]] < end[a[i]])):
+                    b[k] = a[j]
+                    j += 1
+                else:
+                    b[k] = a[i]
+                    i += 1
+        a, b = b, a
+        width *= 2
+    return a
+
+
+@njit(nogil=True)
+def _add_interval(oa, ob, m, x, y) -> int:
+    """Append [x, y) to the union (oa, ob, m) whose intervals start no later than x (blocks._measure)."""
+    if y <= x:
+        return m
+    if m > 0 and x <= ob[m - 1]:
+        if y > ob[m - 1]:
+            ob[m - 1] = y
+        return m
+    oa[m] = x
+    ob[m] = y
+    return m + 1
+
+
+@njit(nogil=True)
+def _union_of(order, start, end, cat, want, oa, ob) -> int:
+    """The union of the spans of the ops of category `want`."""
     m = 0
-    for j in range(k):
-        x = a[order[j]]
-        y = b[order[j]]
-        if y <= x:
-            continue
-        if m > 0 and x <= mb[m - 1]:
-            if y > mb[m - 1]:
-                mb[m - 1] = y
+    for i in order:
+        if cat[i] == want:
+            m = _add_interval(oa, ob, m, start[i], end[i])
+    return m
+
+
+@njit(nogil=True)
+def _union(a, b, ma, c, d, mc, oa, ob) -> int:
+    """The union of two unions, merged in order of start."""
+    i = j = m = 0
+    while i < ma or j < mc:
+        if j >= mc or (i < ma and a[i] <= c[j]):
+            m = _add_interval(oa, ob, m, a[i], b[i])
+            i += 1
         else:
-            ma[m] = x
-            mb[m] = y
-            m += 1
-    return ma[:m], mb[:m]
+            m = _add_interval(oa, ob, m, c[j], d[j])
+            j += 1
+    return m
 
 
-@njit(cache=True, nogil=True)
-def _subtract(a, b, ca, cb):
-    """Parts of merged intervals (a, b) not covered by merged intervals (ca, cb) (blocks._subtract)."""
-    oa = np.empty(a.shape[0] + ca.shape[0])
-    ob = np.empty(a.shape[0] + ca.shape[0])
+@njit(nogil=True)
+def _subtract(a, b, ma, ca, cb, mc, oa, ob) -> int:
+    """Parts of union (a, b) not covered by union (ca, cb) (blocks._subtract)."""
     m = 0
-    for j in range(a.shape[0]):
+    for j in range(ma):
         cur = a[j]
         hi = b[j]
-        for c in range(ca.shape[0]):
+        for c in range(mc):
             if cb[c] <= cur or ca[c] >= hi:
                 continue
             if ca[c] > cur:
@@ -482,42 +540,47 @@ def _subtract(a, b, ca, cb):
             oa[m] = cur
             ob[m] = hi
             m += 1
-    return oa[:m], ob[:m]
+    return m
 
 
-@njit(cache=True, nogil=True)
-def _length(a, b) -> float:
+@njit(nogil=True)
+def _length(a, b, m) -> float:
     total = 0.0
-    for j in range(a.shape[0]):
+    for j in range(m):
         total += b[j] - a[j]
     return total
 
 
-@njit(cache=True, nogil=True)
-def _union(a, b, c, d):
-    return _measure(np.concatenate((a, c)), np.concatenate((b, d)))
-
-
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def exposure(start, end, cat, makespan):
     """blocks.exposure_parts on arrays: compute busy time, then communication not hidden behind
     compute (charged in COMM_ORDER), then copies hidden by neither; idle time inside the block counts
     as compute. Returns the values in PARTS order."""
+    n = start.shape[0]
+    order = _by_span(start, end)
+    size = 2 * n + 1
+    ca, cb = np.empty(size), np.empty(size)       # covered so far
+    ma, mb = np.empty(size), np.empty(size)       # one category's spans
+    ea, eb = np.empty(size), np.empty(size)       # their exposed part
+    ta, tb = np.empty(size), np.empty(size)       # the next covered
     parts = np.zeros(_N_PARTS)
-    ca, cb = _measure(start[cat == _COMPUTE], end[cat == _COMPUTE])
-    parts[0] = _length(ca, cb)
+    mc = _union_of(order, start, end, cat, _COMPUTE, ca, cb)
+    parts[0] = _length(ca, cb, mc)
     for k in range(_N_COMM):
-        ma, mb = _measure(start[cat == _FIRST_COMM + k], end[cat == _FIRST_COMM + k])
-        ea, eb = _subtract(ma, mb, ca, cb)
-        parts[_PART_OF_COMM[k]] += _length(ea, eb)
-        ca, cb = _union(ca, cb, ea, eb)
-    oa, ob = _measure(start[cat == _MEMCPY], end[cat == _MEMCPY])
-    ea, eb = _subtract(oa, ob, ca, cb)
-    parts[_OFFLOAD] = _length(ea, eb)
-    ca, cb = _union(ca, cb, oa, ob)
-    idle = makespan - _length(ca, cb)
+        mm = _union_of(order, start, end, cat, _FIRST_COMM + k, ma, mb)
+        if mm == 0:
+            continue        # nothing exposed, nothing newly covered
+        me = _subtract(ma, mb, mm, ca, cb, mc, ea, eb)
+        parts[_PART_OF_COMM[k]] += _length(ea, eb, me)
+        mc = _union(ca, cb, mc, ea, eb, me, ta, tb)
+        ca, cb, ta, tb = ta, tb, ca, cb
+    mo = _union_of(order, start, end, cat, _MEMCPY, ma, mb)
+    me = _subtract(ma, mb, mo, ca, cb, mc, ea, eb)
+    parts[_OFFLOAD] = _length(ea, eb, me)
+    mc = _union(ca, cb, mc, ma, mb, mo, ta, tb)
+    idle = makespan - _length(ta, tb, mc)
     parts[0] += idle if idle > 0.0 else 0.0
     return parts
 
 
-__all__ = ["HAVE_NUMBA", "PARTS", "exposure", "pack", "pack_block", "pack_graph", "replay_arrays"]
+__all__ = ["HAVE_NUMBA", "PARTS", "exposure", "pack", "pack_block", "pack_graph", "replay_arrays", "replay_summary"]

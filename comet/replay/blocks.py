@@ -137,8 +137,8 @@ def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float) -> BlockTiming:
         rep = replay(cache.compiled.get_or(sig, lambda: compile_graph(g)), list(dur), overlap_slowdown=slowdown)
         return BlockTiming(rep.makespan, exposure_parts(rep))
     structure, delay = cache.compiled.get_or((sig, "packed"), lambda: block_kernel.pack_graph(g))
-    *_, done, parts, makespan = block_kernel.replay_arrays(structure, delay, np.array(dur, dtype=np.float64),
-                                                           slowdown)
+    done, makespan, *parts = block_kernel.replay_summary(structure, delay, np.array(dur, dtype=np.float64),
+                                                         slowdown).tolist()
     if done != len(dur):   # a deadlock: the Python engine names the ops that never ran
         replay(compile_graph(g), list(dur), overlap_slowdown=slowdown)
-    return BlockTiming(makespan, dict(zip(block_kernel.PARTS, parts.tolist())))
+    return BlockTiming(makespan, dict(zip(block_kernel.PARTS, parts)))

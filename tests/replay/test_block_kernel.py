@@ -18,7 +18,7 @@ from comet.errors import ConfigError, GraphError
 from comet.graph.block import block_lists
 from comet.graph.ir import Collective, GroupKind, Op, OpKind, add_dep, add_op, new_graph
 from comet.replay import block_kernel, cache
-from comet.replay.block_kernel import PARTS, pack, pack_block, replay_arrays
+from comet.replay.block_kernel import PARTS, pack, pack_block, replay_arrays, replay_summary
 from comet.replay.blocks import exposure_parts, time_block
 from comet.replay.compile import compile_graph
 from comet.replay.engine import _critical_path, replay
@@ -34,6 +34,7 @@ def assert_same_replay(cg, dur: list[float], slowdown: float) -> None:
     """The kernel's replay of compiled graph `cg` equals the Python engine's in every number."""
     start, end, arrive, binding, done, parts, makespan = replay_arrays(*pack(cg), np.array(dur, dtype=float),
                                                                        slowdown)
+    assert replay_summary(*pack(cg), np.array(dur, dtype=float), slowdown).tolist() == [done, makespan, *parts]
     try:
         ref = replay(cg, list(dur), slowdown)
     except GraphError:
