@@ -20,6 +20,8 @@ import networkx as nx
 
 from comet.graph.ir import DepKind, Op
 
+_DATA = DepKind.DATA.value    # the builder's data edges carry the plain string
+
 # networkx's per-instance state (DiGraph.__init__): reading any of it builds the graph
 _NX_STATE = ("graph", "_node", "_adj", "_succ", "_pred", "__networkx_cache__")
 
@@ -104,7 +106,7 @@ def chain_edges(ops: list[Op], data: list[tuple[int, int]]) -> list[tuple[int, i
     dropped), then STREAM edges between consecutive ops of each (rank, stream) not already linked
     (as comet.graph.ir.chain_streams adds them), sorted by source, stable."""
     seen = set(data)
-    edges = [(u, v, DepKind.DATA.value) for u, v in dict.fromkeys(data)]
+    edges = [(u, v, _DATA) for u, v in dict.fromkeys(data)]
     last: dict = {}
     for i, op in enumerate(ops):
         key = (op.rank, op.stream)

@@ -48,11 +48,22 @@ class Dims:
 
     @staticmethod
     def of(model: ModelSpec, par: ParallelConfig) -> "Dims":
+        # perf: the blocks of one configuration are built one after another from the same two
+        # (immutable) objects; the last answer is kept with them (one tuple: read and replaced whole)
+        global _last_dims
+        last = _last_dims
+        if last[0] is model and last[1] is par:
+            return last[2]
         T = par.micro_batch * model.seq_len // par.cp
-        return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
+        dims = Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
                     h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden,
                     gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_size,
                     V=model.padded_vocab(par.tp), sp=par.sp, cp=par.cp, act=model.activation.value)
+        _last_dims = (model, par, dims)
+        return dims
+
+
+_last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dims) of the last Dims.of
 
 
 class BlockBuilder:
@@ -70,7 +81,9 @@ class BlockBuilder:
     def _add(self, op: Op, after) -> int:
         nid = len(self.ops)
         self.ops.append(op)
-        self.deps += [(u, nid) for u in after if u is not None]
+        for u in after:
+            if u is not None:
+                self.deps.append((u, nid))
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
