@@ -114,99 +114,61 @@ _FLAGS_CATEGORY = {(kind, group): (int(kind is OpKind.COMPUTE) | 2 * int(kind in
                    for kind in OpKind for group in (None, *GroupKind)}
 
 
-# ------------------------------------------------------------------------------------- event heap
-# Events are rows (time, priority, sequence, op, version) of a float array (all integers here are far
-# below 2**53), kept as a binary heap ordered by (time, priority, sequence): sequences are unique.
+# ------------------------------------------------------------------------------------------ heaps
+# A heap is rows (key, priority, sequence, op, version) of a float array from row `base` on (all
+# integers here are far below 2**53), ordered by (key, priority, sequence). The event heap: key =
+# time, sequences unique. A resource's ready queue: key = topological position (unique).
 @njit(inline="always")
-def _before(ev, a, b) -> bool:
-    if ev[a, 0] != ev[b, 0]:
-        return ev[a, 0] < ev[b, 0]
-    if ev[a, 1] != ev[b, 1]:
-        return ev[a, 1] < ev[b, 1]
-    return ev[a, 2] < ev[b, 2]
+def _before(h, a, b) -> bool:
+    if h[a, 0] != h[b, 0]:
+        return h[a, 0] < h[b, 0]
+    if h[a, 1] != h[b, 1]:
+        return h[a, 1] < h[b, 1]
+    return h[a, 2] < h[b, 2]
 
 
 @njit(inline="always")
-def _swap(ev, a, b) -> None:
+def _swap(h, a, b) -> None:
     for c in range(5):
-        x = ev[a, c]
-        ev[a, c] = ev[b, c]
-        ev[b, c] = x
+        x = h[a, c]
+        h[a, c] = h[b, c]
+        h[b, c] = x
 
 
 @njit(nogil=True)
-def _push(ev, size, seq, t, prio, i, v) -> int:
-    ev[size, 0] = t
-    ev[size, 1] = prio
-    ev[size, 2] = seq
-    ev[size, 3] = i
-    ev[size, 4] = v
-    k = size
-    while k > 0:
-        p = (k - 1) // 2
-        if not _before(ev, k, p):
+def _push(h, base, size, key, prio, seq, i, v) -> int:
+    """Add a row to the heap of `size` rows at `base`; returns the new size."""
+    k = base + size
+    h[k, 0] = key
+    h[k, 1] = prio
+    h[k, 2] = seq
+    h[k, 3] = i
+    h[k, 4] = v
+    while k > base:
+        p = base + (k - base - 1) // 2
+        if not _before(h, k, p):
             break
-        _swap(ev, k, p)
+        _swap(h, k, p)
         k = p
     return size + 1
 
 
 @njit(nogil=True)
-def _pop(ev, size) -> int:
-    """Moves the earliest event to row `size - 1` (read it there); returns the new size."""
+def _pop(h, base, size) -> int:
+    """Move the first row to row base + size - 1 (read it there); returns the new size."""
     last = size - 1
-    _swap(ev, 0, last)
+    _swap(h, base, base + last)
     k = 0
     while True:
         a = 2 * k + 1
         if a >= last:
             break
-        b = a + 1
-        c = b if b < last and _before(ev, b, a) else a
-        if not _before(ev, c, k):
+        c = a + 1 if a + 1 < last and _before(h, base + a + 1, base + a) else a
+        if not _before(h, base + c, base + k):
             break
-        _swap(ev, c, k)
+        _swap(h, base + c, base + k)
         k = c
     return last
-
-
-# ----------------------------------------------------------------------- per-resource ready queues
-@njit(nogil=True)
-def _queue_push(q, lo, qsize, r, i, topo) -> None:
-    k = qsize[r]
-    qsize[r] = k + 1
-    q[lo[r] + k] = i
-    while k > 0:
-        p = (k - 1) // 2
-        if topo[q[lo[r] + k]] >= topo[q[lo[r] + p]]:
-            break
-        x = q[lo[r] + k]
-        q[lo[r] + k] = q[lo[r] + p]
-        q[lo[r] + p] = x
-        k = p
-
-
-@njit(nogil=True)
-def _queue_pop(q, lo, qsize, r, topo) -> int:
-    base = lo[r]
-    top = q[base]
-    last = qsize[r] - 1
-    qsize[r] = last
-    q[base] = q[base + last]
-    k = 0
-    while True:
-        a = 2 * k + 1
-        if a >= last:
-            break
-        b = a + 1
-        c = b if b < last and topo[q[base + b]] < topo[q[base + a]] else a
-        if topo[q[base + c]] >= topo[q[base + k]]:
-            break
-        x = q[base + c]
-        q[base + c] = q[base + k]
-        q[base + k] = x
-        k = c
-    return top
 
 
 # ------------------------------------------------------------------------------------ the engine
@@ -275,7 +237,7 @@ def _replay(structure, delay, dur, overlap_slowdown):
         lo[resource[i] + 1] += 1
     for r in range(n_res):
         lo[r + 1] += lo[r]
-    q = np.empty(n, dtype=np.int64)
+    q = np.empty((n, 5))
     qsize = np.zeros(n_res, dtype=np.int64)
     # events: n ready + n finish + one per running compute op at each of at most 2 re-timings per
     # communication op (its rank's transfers going from none to some, and back)
@@ -298,20 +260,20 @@ def _replay(structure, delay, dur, overlap_slowdown):
 
     for i in range(n):
         if indeg[i] == 0:
-            size = _push(ev, size, seq, 0.0, _READY, i, 0)
+            size = _push(ev, 0, size, 0.0, _READY, seq, i, 0)
             seq += 1
     done = 0
     # pending work of try_start / begin_transfer / retime, run inline below (numba has no closures
     # over mutable state): a resource to try, or a rank to re-time
     while size > 0:
-        size = _pop(ev, size)
+        size = _pop(ev, 0, size)
         t = ev[size, 0]
         prio = int(ev[size, 1])
         i = int(ev[size, 3])
         v = int(ev[size, 4])
         if prio == _READY:
-            _queue_push(q, lo, qsize, resource[i], i, topo)
             res = resource[i]
+            qsize[res] = _push(q, lo[res], qsize[res], topo[i], 0, 0, i, 0)
         else:
             if v != version[i]:
                 continue   # a re-timed compute op: this finish time is stale
@@ -343,12 +305,13 @@ def _replay(structure, delay, dur, overlap_slowdown):
                     binding[s] = i
                 indeg[s] -= 1
                 if indeg[s] == 0:
-                    size = _push(ev, size, seq, t if t > ready_t[s] else ready_t[s], _READY, s, 0)
+                    size = _push(ev, 0, size, t if t > ready_t[s] else ready_t[s], _READY, seq, s, 0)
                     seq += 1
         # try_start(res, t)
         if busy[res] or qsize[res] == 0:
             continue
-        i = _queue_pop(q, lo, qsize, res, topo)
+        qsize[res] = _pop(q, lo[res], qsize[res])
+        i = int(q[lo[res] + qsize[res], 3])
         busy[res] = True
         arrive[i] = t
         prev = last_on_res[res]
@@ -383,10 +346,10 @@ def _replay(structure, delay, dur, overlap_slowdown):
             else:
                 head[r] = i
             tail[r] = i
-            size = _push(ev, size, seq, t + dur[i] / rate, _FINISH, i, 0)
+            size = _push(ev, 0, size, t + dur[i] / rate, _FINISH, seq, i, 0)
             seq += 1
         else:
-            size = _push(ev, size, seq, t + dur[i], _FINISH, i, 0)
+            size = _push(ev, 0, size, t + dur[i], _FINISH, seq, i, 0)
             seq += 1
     makespan = 0.0
     for i in range(n):
@@ -408,7 +371,7 @@ def _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slo
         ver[i] += 1
         version[i] = ver[i]
         left = rem[i] if not (0.0 > rem[i]) else 0.0
-        size = _push(ev, size, seq, t + left / rate, _FINISH, i, ver[i])
+        size = _push(ev, 0, size, t + left / rate, _FINISH, seq, i, ver[i])
         seq += 1
         i = nxt[i]
     return size, seq
@@ -434,7 +397,7 @@ def _begin_transfer(members, t, dur, arrive, topo, start, binding, rank, comm_ac
         start[m] = t
         if m != last:
             binding[m] = last
-        size = _push(ev, size, seq, t + d, _FINISH, m, 0)
+        size = _push(ev, 0, size, t + d, _FINISH, seq, m, 0)
         seq += 1
     for j in range(k):
         m = members[j] if single < 0 else single
