@@ -47,7 +47,9 @@ between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of PIPELINE_RO
 buffer of a round or less pays both stages, a large one the slower stage. A tree also pays its
 depth: one chunk per stage up and down before its pipeline runs full (_depth_fill_s).
 
-Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks;
+Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks, at the
+port's rate or, where the communicator is given, at the rate of the NCCL channels it gets
+(p2p_channels.py);
 `ring_exchange_time_s` times one step of a ring exchange (context parallelism) at its slowest hop,
 so a CP ring spanning nodes moves at the NIC rate.
 """
@@ -59,6 +61,7 @@ from dataclasses import dataclass
 
 from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim, Topology
 from comet.graph.ir import Collective
+from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
 
 A = CollectiveAlgorithm
 
@@ -355,15 +358,19 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
-def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec) -> float:
+def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec,
+                cap_Bps: float = math.inf) -> float:
     """One send over network level `level` (index into cluster.levels) at one port's rate; `distance`
-    (global ranks between sender and receiver) sets the topology share on a ring dimension."""
+    (global ranks between sender and receiver) sets the topology share on a ring dimension; `cap_Bps`:
+    the rate the send's NCCL channels are sized for, where lower than the port's (p2p_channels.py)."""
     levels = cluster.levels
     below = levels[level - 1].size if level > 0 else 1
     dim = levels[level]
     ports = dim.size // below if dim.size else 0
     view = _DimView(dim, 2, 1, max(1, distance // below), ports)
     rate, plateau = view.rates(msg_bytes, "p2p")
+    if plateau > cap_Bps:
+        rate, plateau = rate * cap_Bps / plateau, cap_Bps
     return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
 
 
@@ -375,15 +382,24 @@ def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
     return len(cluster.levels) - 1
 
 
-def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
+def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int = 0,
+               local_ranks: int = 1) -> float:
     """Send `msg_bytes` to a rank `distance` global ranks away (pipeline neighbours: tp*cp*ep*dp): over
-    the innermost dimension whose domain holds both ranks, at one port's rate."""
+    the innermost dimension whose domain holds both ranks, at one port's rate or the rate of the NCCL
+    channels the send gets, which depend on the communicator: `ranks` of them, `local_ranks` per node
+    (p2p_channels.py). ranks 0 = not known: as many channels as the port needs, so the port's rate."""
     if msg_bytes <= 0:
         return 0.0
-    for i, dim in enumerate(cluster.levels):
-        if dim.size == 0 or distance < dim.size:
-            return _hop_time_s(msg_bytes, i, distance, cluster)
-    return _hop_time_s(msg_bytes, len(cluster.levels) - 1, 1, cluster)
+    levels = cluster.levels
+    level = next((i for i, dim in enumerate(levels) if dim.size == 0 or distance < dim.size), None)
+    if level is None:
+        level, distance = len(levels) - 1, 1
+    dim = levels[level]
+    if level > 0:
+        cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
+    else:   # inside the NVLink domain: the channels of a single-node communicator (p2p_channels.py)
+        cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
+    return _hop_time_s(msg_bytes, level, distance, cluster, cap)
 
 
 def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:

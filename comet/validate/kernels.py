@@ -162,9 +162,10 @@ def predict_collective(i: int, row: dict, specs: Specs) -> KernelRow:
     stride = node // gpn        # G of the node's GPUs in use: one in every node/G, each with its own NIC
     cluster = _restrict(cluster, forced_algorithm(row))
     if coll == "sendrecv":
-        # nccl-tests sendrecv: rank r sends to r+1; the slowest pair sets the time (a node boundary if any)
+        # nccl-tests sendrecv: rank r sends to r+1; the slowest pair sets the time (a node boundary if
+        # any), on NCCL's channels per network peer for a communicator of n ranks, gpn per node
         distance = node if nodes > 1 else stride
-        out.predicted_s, out.detail = p2p_time_s(nbytes, distance, cluster), f"{spec_name} p2p"
+        out.predicted_s, out.detail = p2p_time_s(nbytes, distance, cluster, n, gpn), f"{spec_name} p2p"
         return out
     algo, t = chosen_algorithm(COLLECTIVES[coll], nbytes, n, stride, cluster)
     out.predicted_s, out.detail = t, f"{spec_name} {algo}"
