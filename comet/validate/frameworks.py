@@ -45,6 +45,11 @@ Sources of the defaults:
   deepspeed/runtime/pipe/schedule.py TrainSchedule), llm-foundry and automodel as used here (FSDP, no
   pipeline), MaxText (its circular pipeline, `num_pipeline_repeats`, is an XLA schedule comet does not model),
   generic rows (no framework: comet's default 1F1B).
+- Attention kernel generation (`attention_kernel`): a flash-attention stack whose framework_version dates it
+  before 2024-07 (an NGC `YY.MM` tag, a `YYYY-MM` date or an earlier year) runs FlashAttention-2-class
+  kernels (fa2): Hopper-native attention was first published with FlashAttention-3 (arXiv:2407.08608,
+  2024-07); later stacks get the fused class (TE 1.9.0 picks cuDNN fused attention on sm90, with context
+  parallelism too). The Llama 3 stack (trained before 2024-07) likewise. See docs/attention.md.
 - Generic (framework empty or unknown): comet's ParallelConfig defaults.
 FP8 recipe default: Transformer Engine `DelayedScaling` (TE's default recipe); fp8_params default false.
 """
@@ -137,7 +142,12 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     # Llama 3 paper sec. 3.3.2: pipeline stages balanced by one layer fewer on the first and last stage
     # and an interleaved schedule whose chunks need not be equal (sec. 3.3.2, Fig. 6)
     "meta-internal": FrameworkDefaults("meta-internal", zero=2, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
-                                       uneven_pipeline=True, interleave=True, uneven_chunks=True),
+                                       uneven_pipeline=True, interleave=True, uneven_chunks=True,
+                                       # Llama 3 405B trained before FlashAttention-3 (2024-07) was
+                                       # published; the paper names no attention kernel
+                                       attention_kernel="fa2",
+                                       notes={"attention_kernel": "Llama 3 trained before Hopper-native "
+                                              "attention kernels (FlashAttention-3, 2024-07) existed"}),
 }
 GENERIC = FrameworkDefaults("generic")
 
@@ -147,13 +157,58 @@ def _year(version: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
-    """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
-    that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
-    with Korthikanti et al. (arXiv:2205.05198, May 2022)."""
+def _defaults_by_year(framework: str, version: str) -> FrameworkDefaults:
     if framework == "megatron-lm":
         year = _year(version)
         if year is not None and year <= 2021:
             return _MEGATRON_2021_NO_SELECTIVE
         return _MEGATRON_2021 if year is not None and year <= 2022 else _MEGATRON_CORE
     return FRAMEWORKS.get(framework, GENERIC)
+
+
+def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
+    """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
+    that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
+    with Korthikanti et al. (arXiv:2205.05198, May 2022). Stacks released before Hopper-native attention
+    kernels existed run FlashAttention-2-class attention (`attention_generation`)."""
+    return attention_generation(_defaults_by_year(framework, version), version)
+
+
+# --------------------------------------------------------------------------- attention kernel generation
+# Hopper-native attention (warp-specialised wgmma + TMA pipelines) was first published with
+# FlashAttention-3 (Shah et al., arXiv:2407.08608, 2024-07-11), whose abstract puts FlashAttention-2 at
+# "only 35% utilization on H100"; Transformer Engine 1.9.0 (the earliest TE on PyPI, wheel built
+# 2024-08-14) selects cuDNN fused attention on sm90 "for performance reasons"
+# (transformer_engine/pytorch/attention.py get_attention_backend), for context parallelism too (sub-backend
+# F16_arbitrary_seqlen). A stack released before 2024-07 (NeMo's release of early 2024, nemo-toolkit 1.23.0,
+# wheel of 2024-02-28, pins megatron-core 0.5.0) ran attention kernels of the FlashAttention-2 generation:
+# comet's `fa2` class (attention_fa2; ../shared/calibration/attention.csv), not the fitted fused class.
+HOPPER_ATTENTION_SINCE = (2024, 7)
+
+
+def release_month(version: str) -> tuple[int, int] | None:
+    """(year, month) a framework_version cell dates its stack to: an NGC container tag `YY.MM`
+    ("NeMo 24.03.01 container", "NGC 23.09", "jax:25.01-..."), a `YYYY-MM` date, or a bare year (month 0:
+    only years before the cut-off decide)."""
+    m = re.search(r"\b(20\d\d)-(0[1-9]|1[0-2])\b", version)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    m = re.search(r"(?<![\d.v])(2\d)\.(0[1-9]|1[0-2])(?!\d)", version)
+    if m:
+        return 2000 + int(m.group(1)), int(m.group(2))
+    year = _year(version)
+    return (year, 0) if year is not None else None
+
+
+def attention_generation(d: FrameworkDefaults, version: str) -> FrameworkDefaults:
+    """FlashAttention-2-class attention for a flash-attention stack dated before HOPPER_ATTENTION_SINCE."""
+    when = release_month(version)
+    if d.attention_kernel != "fused" or not d.flash_attention or when is None:
+        return d
+    if when[1] == 0 and when[0] >= HOPPER_ATTENTION_SINCE[0]:    # a bare year that does not decide
+        return d
+    if when >= HOPPER_ATTENTION_SINCE:
+        return d
+    return replace(d, attention_kernel="fa2", notes={
+        **d.notes, "attention_kernel": f"stack dated {when[0]}-{when[1]:02d}, before Hopper-native attention "
+        "kernels (FlashAttention-3, 2024-07): FlashAttention-2 class"})

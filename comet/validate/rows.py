@@ -273,7 +273,8 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             schedule=Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B,
             recompute=Recompute(recompute), zero=zero, precision=Precision(precision),
             selective_policy=SelectivePolicy(d.selective_policy), fp8_impl=d.fp8_impl,
-            attention_kernel=d.attention_kernel,
+            attention_kernel=(c.default("attention_kernel", d.attention_kernel)
+                              if d.flash_attention and d.attention_kernel != "fused" else d.attention_kernel),
             overlap_grad_reduce=c.bool_or("overlap_grad_reduce", d.overlap_grad_reduce),
             overlap_param_gather=c.bool_or("overlap_param_gather", d.overlap_param_gather),
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),

@@ -243,6 +243,23 @@ def dropout_add(bb: BlockBuilder, D: Dims, name: str, deps: Deps) -> Deps:
     return [bb.memory(name, D.Ts * D.h * (3 * ACT_BYTES + 1), deps)]
 
 
+def _ring_merge_bytes(D: Dims, step: int, backward: bool) -> float:
+    """HBM traffic of merging ring-attention step `step` into the running result, as Transformer
+    Engine's AttnFuncWithCP does it (TE 1.9 transformer_engine/pytorch/attention.py; the same in TE 2.4
+    attention/dot_product_attention/context_parallel.py): forward, `flash_attn_fwd_out_correction`
+    rescales the step's partial output by exp(lse_step - lse) and adds it into the output (read partial,
+    read and write output: 3 passes over this rank's T x heads*d in the activation dtype; the first
+    step's `_init` writes it: 2); backward, `dq.add_(dq_)` and `dkv.add_(dkv_)` (3 passes each; the
+    first step copies: 2). The last rank merges every step in full (the others only half of the
+    steps after their own position). The softmax-statistics correction (T x heads fp32) is negligible."""
+    passes = 2 if step == 0 else 3
+    q_out = D.T * D.heads * D.d * ACT_BYTES
+    if not backward:
+        return passes * q_out
+    kv = D.T * 2 * (D.kv // D.t) * ACT_BYTES
+    return passes * (q_out + kv)
+
+
 def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Deps:
     """Scores and values for this rank's heads and tokens against the whole (causal) sequence."""
     name = "attention.bwd" if backward else "attention"
@@ -262,6 +279,7 @@ def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Dep
             transfer = (bb.send(f"{name}.cp_exchange[{j}]", kv_block, GroupKind.CP, deps + ([arrived] if arrived else []))
                         if j < D.cp - 1 else None)
             step = bb.attention(f"{name}[{j}]", flops / D.cp, shape, waits)
+            step = bb.memory(f"{name}.cp_merge[{j}]", _ring_merge_bytes(D, j, backward), [step])
             arrived = transfer
         return [step]
     # Unfused (Megatron before flash attention): batched QK^T and PV GEMMs over the full square, and
