@@ -8,7 +8,8 @@ load on a shared machine; each figure is the median of REPEATS runs.
   interpreter start, imports, listing and writing included.
 - study_gpt3_1t_ray2_over_serial: the same rate with Ray over the serial one, everything included (Ray's
   own start and shut-down too); also without start-up and over the evaluation phase alone, and how many
-  candidates the driver evaluated itself while Ray started (comet/search/executor.py).
+  candidates the driver evaluated itself while Ray started (comet/search/executor.py). As the driver
+  evaluates while Ray starts, Ray's start falls inside the evaluation phase of the Ray run.
 """
 
 from __future__ import annotations
