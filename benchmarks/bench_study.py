@@ -7,9 +7,7 @@ load on a shared machine; each figure is the median of REPEATS runs.
 - study_gpt3_1t_serial_candidates_per_s: replayed candidates (not pruned) / wall seconds of the process,
   interpreter start, imports, listing and writing included.
 - study_gpt3_1t_ray2_over_serial: the same rate with Ray over the serial one, everything included (Ray's
-  own start and shut-down too); also without start-up and over the evaluation phase alone, and how many
-  candidates the driver evaluated itself while Ray started (comet/search/executor.py). As the driver
-  evaluates while Ray starts, Ray's start falls inside the evaluation phase of the Ray run.
+  own start and shut-down too); also without start-up and over the evaluation phase alone.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ class StudyRun:
     wall_s: float
     cpu_s: float
     phases: dict
-    here: int            # candidates the driver evaluated itself while Ray started
 
     @property
     def rate(self) -> float:
@@ -73,8 +70,7 @@ def study_run(executor: str = "serial", workers: int | None = None) -> StudyRun:
         summary = (Path(tmp) / "study" / "summary.md").read_text()
     evaluated = int(re.search(r"(\d+) candidates evaluated now", summary).group(1))
     phases = {k: float(v) for k, v in re.findall(r"(start-up|evaluation|writing) ([\d.]+) s", summary)}
-    here = re.search(r"(\d+) candidates evaluated in this process while Ray started", summary)
-    return StudyRun(executor, evaluated, wall, cpu, phases, int(here.group(1)) if here else 0)
+    return StudyRun(executor, evaluated, wall, cpu, phases)
 
 
 def _median_run(runs: list[StudyRun]) -> StudyRun:
@@ -104,7 +100,6 @@ def test_bench_study_gpt3_1t():
     print(f"BENCH study_gpt3_1t_ray2_wall_s {ray2.wall_s:.2f} s (runs: "
           + ", ".join(f"{r.wall_s:.2f}" for r in ray_runs) + ")")
     print(f"BENCH study_gpt3_1t_ray2_candidates_per_s {ray2.rate:.0f} candidates/s")
-    print(f"BENCH study_gpt3_1t_ray2_evaluated_by_driver_while_ray_started {ray2.here} of {ray2.evaluated}")
     print(f"BENCH study_gpt3_1t_ray2_over_serial {ray2.rate / serial.rate:.2f} x")
     # without start-up: wall from the first evaluation to the end (Ray's own start is seconds, paid once)
     no_start = (serial.wall_s - serial.start_up_s) / (ray2.wall_s - ray2.start_up_s)

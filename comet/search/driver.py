@@ -196,15 +196,9 @@ class _State:
             self.progress.advance(self.row(cand.key))
 
     def placed(self, executor) -> None:
-        """Once the candidates are listed: where they run (a Ray executor that evaluates here while its
-        Ray starts says so; a joined cluster is waited for)."""
-        self.where = executor.where_now
+        """Once the candidates are listed: where they run (waits for a Ray still starting)."""
+        self.where = executor.where
         self.progress.placed(self.where)
-
-    def ran_on(self, executor) -> None:
-        """After the evaluation: where the candidates ran, for summary.md and study.yaml."""
-        if self.t_start is not None:
-            self.where = executor.where_at_end()
 
     def row(self, key: str) -> dict:
         if key not in self.rows:
@@ -254,8 +248,6 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
             executor.cancel()
     finally:
         state.t_end = time.monotonic()
-        if executor is not None and not interrupted:
-            state.ran_on(executor)
         state.journal.compact()
         if executor is not None:
             executor.close(wait=False)            # Ray shuts down while the tables and plots are written
@@ -275,7 +267,7 @@ def _chunk_size(opts: RunOptions, executor, remaining: int | None) -> int:
         return 32      # the journal is written once per chunk: a kill -9 loses at most this many results
     # perf: a Ray task costs milliseconds of scheduling and transfer: chunks of up to 256 candidates
     # amortise it, and at least ~6 chunks per worker keep the tail balanced
-    return max(1, min(256, remaining // (6 * getattr(executor, "planned_workers", executor.capacity)) or 1))
+    return max(1, min(256, remaining // (6 * getattr(executor, "workers", executor.capacity)) or 1))
 
 
 def _run_stream(space, factory, state: _State, executor, seed, trials, deadline, opts) -> None:

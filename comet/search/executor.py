@@ -22,7 +22,7 @@ class SerialExecutor:
     """Evaluates one submitted chunk per `wait()`, in submission order."""
 
     name = "serial"
-    where = where_now = "this process (serial executor)"
+    where = "this process (serial executor)"
 
     def __init__(self, ctx: EvalContext):
         self.ctx = ctx
@@ -48,9 +48,6 @@ class SerialExecutor:
 
     def join(self) -> None:
         pass
-
-    def where_at_end(self) -> str:
-        return self.where
 
 
 _worker_ctx: dict = {}    # in a Ray worker: the study's context, unpickled once (ObjectRef hex -> context)
@@ -82,19 +79,11 @@ def _warm(box: list) -> None:
 
 class RayExecutor:
     """Chunks as Ray tasks, on a private local Ray with `workers` CPUs or on the cluster at `address`
-    (comet/search/ray_runtime.py). `where` says which, for the run's first line and summary.md.
-
-    perf: a private local Ray takes seconds to start (3-10 s on a 2-core machine); meanwhile this process
-    evaluates the chunks itself, one at a time, as the serial executor does, and keeps doing so until
-    the workers have loaded the evaluation code. Results are the same wherever a chunk runs (the
-    evaluation is pure; tests/search/test_end_to_end.py compares the tables). A chunk evaluated here is
-    not isolated from a crash of the process, as with --executor serial; a chunk a worker runs is."""
+    (comet/search/ray_runtime.py). `where` says which, for the run's first line and summary.md."""
 
     name = "ray"
 
-    def __init__(self, ctx: EvalContext, workers: int | None = None, address: str | None = None,
-                 help_while_starting: bool | None = None):
-        import os
+    def __init__(self, ctx: EvalContext, workers: int | None = None, address: str | None = None):
         import threading
 
         import ray
@@ -104,15 +93,7 @@ class RayExecutor:
         self._cleanup = None
         self._sigterm = None
         self._pending: dict = {}                  # ObjectRef -> (chunk, attempt)
-        self._local: deque[list[Candidate]] = deque()   # chunks this process evaluates (Ray still starting)
-        self._local_done = 0
-        self._ctx = ctx
         self._failure: BaseException | None = None
-        # default: help only a private local Ray (a caller's open session or a cluster is up already)
-        self._help = (address is None and not ray.is_initialized()) if help_while_starting is None \
-            else help_while_starting
-        self._warm_done = not self._help
-        self._planned = workers or (os.cpu_count() or 1) if address is None else None
         self._catch_sigterm()
         # perf: Ray takes seconds to start; the driver lists and prunes the candidates meanwhile, and the
         # first look at `where`, `workers` or `capacity` waits for it (and raises what the start raised).
@@ -144,17 +125,12 @@ class RayExecutor:
                 self._started = True
             cpus = int(ray.cluster_resources().get("CPU", 1))
             self._where, self._workers = where, workers or cpus
-            if self._done.is_set():                   # the study ended while Ray started: nothing to ship
-                raise _Unused
             self._ctx_box = [ray.put(ctx)]            # model, cluster, base graph: shipped once
             self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
             warm = ray.remote(num_cpus=1, max_retries=0)(_warm)
             self._warming = [warm.remote(self._ctx_box) for _ in range(self._workers)]   # not waited for
-        except _Unused:
-            pass
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            if not (self._help and self._done.is_set()):   # not when this process did every chunk itself
-                self._failure = exc
+            self._failure = exc
         finally:
             quiet.setLevel(level)
             self._up.set()
@@ -180,53 +156,13 @@ class RayExecutor:
         return self._where
 
     @property
-    def where_now(self) -> str:
-        """`where` without waiting for a local Ray still starting."""
-        if self._help and not self._up.is_set():
-            return (f"a private local Ray with {self._planned} workers, starting (this process evaluates "
-                    "chunks until they are up)")
-        return self.where
-
-    def where_at_end(self) -> str:
-        """Where the candidates ran, for summary.md (after the evaluation)."""
-        if not self._help:
-            return self.where
-        here = f"{self._local_done} candidates evaluated in this process while Ray started"
-        if not self._up.is_set() or self._failure is not None:
-            return f"this process ({here}; the private local Ray was not up before the last candidate)"
-        return f"{self._where}; {here}" if self._local_done else self._where
-
-    @property
     def workers(self) -> int:
         self._ready()
         return self._workers
 
     @property
-    def planned_workers(self) -> int:
-        """The worker count, without waiting for a local Ray to start (chunk sizing)."""
-        return self._planned or self.workers
-
-    @property
-    def starting(self) -> bool:
-        """True while this process evaluates chunks itself: Ray is not up, or its workers are still
-        loading the evaluation code."""
-        if not self._help or self._warm_done:
-            return False
-        if not self._up.is_set():
-            return True
-        if self._failure is None:
-            done, _ = self._ray.wait(self._warming, num_returns=len(self._warming), timeout=0)
-            self._warm_done = len(done) == len(self._warming)
-        else:
-            self._warm_done = True
-        return not self._warm_done
-
-    @property
     def capacity(self) -> int:
-        if self._help and not self._up.is_set():
-            return 1                              # one chunk at a time, evaluated here
-        # two chunks per worker keep every worker busy, plus one here while the workers warm up
-        return 2 * self.workers + (1 if self.starting else 0)
+        return 2 * self.workers                   # two chunks per worker keep every worker busy
 
     def _catch_sigterm(self) -> None:
         """A `kill PID` of the search ends it like Ctrl-C: results saved, Ray shut down, no orphans."""
@@ -242,27 +178,16 @@ class RayExecutor:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending) + len(self._local)
+        return len(self._pending)
 
     def submit(self, chunk: list[Candidate], attempt: int = 1) -> None:
-        if attempt == 1 and not self._local and self.starting:
-            self._local.append(chunk)
-            return
         self._ready()
         ref = self._remote.remote(self._ctx_box, chunk)
         self._pending[ref] = (chunk, attempt)
 
     def wait(self) -> Done:
-        """Results of the next chunk to finish (possibly empty when a crashed chunk was resubmitted): a
-        worker's if one is done, else the chunk kept here, evaluated now."""
-        if self._local:
-            ready = self._ray.wait(list(self._pending), num_returns=1, timeout=0)[0] if self._pending else []
-            if not ready:
-                chunk = self._local.popleft()
-                self._local_done += len(chunk)
-                return [(c, r, 1) for c, (_, r) in zip(chunk, evaluate_chunk(self._ctx, chunk))]
-        else:
-            ready, _ = self._ray.wait(list(self._pending), num_returns=1)
+        """Results of the next chunk to finish (possibly empty when a crashed chunk was resubmitted)."""
+        ready, _ = self._ray.wait(list(self._pending), num_returns=1)
         ref = ready[0]
         chunk, attempt = self._pending.pop(ref)
         try:
@@ -282,7 +207,6 @@ class RayExecutor:
                            gpus=c.parallel.gpus or 0), attempt) for c in chunk]
 
     def cancel(self) -> None:
-        self._local.clear()
         for ref in list(self._pending):
             try:
                 self._ray.cancel(ref, force=True)
@@ -294,12 +218,9 @@ class RayExecutor:
         """Shut Ray down (a start still going finishes first); with wait=False in the background:
         join() waits for it."""
         self.cancel()
-        if not self._help:
-            self._up.wait()
-        # a failed start was raised already, or (helping) this process evaluated every chunk itself;
-        # a failure of the shut-down is still raised by join()
-        self._failure = None
-        self._done.set()                          # a start still going shuts down as soon as it is up
+        self._up.wait()
+        self._failure = None                      # a failed start was raised already
+        self._done.set()
         if self._sigterm is not None:
             import signal
             signal.signal(signal.SIGTERM, self._sigterm)
@@ -312,10 +233,6 @@ class RayExecutor:
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
-
-
-class _Unused(Exception):
-    """Ray came up after the study ended: nothing is shipped, it only shuts down."""
 
 
 def make_executor(kind: str, ctx: EvalContext, workers: int | None, address: str | None):

@@ -60,49 +60,6 @@ def test_serial_and_ray_identical(ray_session, tmp_path):
                                   remote.front[COLUMNS].reset_index(drop=True))
 
 
-class _OpenAfterFirstChunk:
-    """Progress hooks that open `gate` once the first chunk is recorded."""
-
-    def __init__(self, gate, chunk: int):
-        self.gate, self.chunk, self.seen = gate, chunk, 0
-
-    def placed(self, where): ...
-    def start(self, total, resumed): ...
-    def finish(self): ...
-
-    def advance(self, row):
-        self.seen += 1
-        if self.seen >= self.chunk:
-            self.gate.set()
-
-
-def test_chunks_evaluated_here_while_ray_starts_give_the_same_table(ray_session, tmp_path, monkeypatch):
-    """A private Ray starting (held back here until the first chunk is recorded): this process evaluates
-    chunks itself meanwhile, then hands them to the workers; the table equals the serial one."""
-    import functools
-    import threading
-
-    from comet.search import executor as executor_mod
-
-    gate = threading.Event()
-    start = executor_mod.RayExecutor._start
-
-    def held_start(self, *args):
-        gate.wait(60)
-        start(self, *args)
-
-    monkeypatch.setattr(executor_mod.RayExecutor, "_start", held_start)
-    monkeypatch.setattr(executor_mod, "RayExecutor",
-                        functools.partial(executor_mod.RayExecutor, help_while_starting=True))
-    space = load_space(TINY)
-    serial = run_study(space, RunOptions(out=tmp_path / "serial", executor="serial", timelines=False))
-    mixed = run_study(space, RunOptions(out=tmp_path / "mixed", executor="ray", workers=2, chunk_size=3,
-                                        timelines=False, progress=_OpenAfterFirstChunk(gate, 3)))
-    assert mixed.evaluated_now == serial.evaluated_now > 3
-    assert "candidates evaluated in this process while Ray started" in mixed.where
-    pd.testing.assert_frame_equal(_table(serial.frame), _table(mixed.frame))
-
-
 @pytest.fixture
 def crash_tp4():
     fakes.CRASH_FILE.write_text("tp4-pp4-dp4-")       # workers evaluating these 4 candidates die (os._exit)

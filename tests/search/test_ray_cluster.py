@@ -146,7 +146,7 @@ def test_killed_search_leaves_no_ray_process(tmp_path):
                 break
         else:
             pytest.fail("the search ended before evaluating")
-        # the search evaluates in its own process while its Ray starts: wait until Ray's processes are up
+        # Ray's processes may still be forking on a loaded machine: wait until the raylet is there
         deadline = time.monotonic() + 60
         family = []
         while proc.poll() is None and time.monotonic() < deadline:
