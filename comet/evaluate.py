@@ -21,7 +21,10 @@ from comet.workload.memory import MemoryEstimate, estimate_memory
 
 def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> ParallelConfig:
     """Derive dp / SP and check every rule, including what the hardware can run."""
-    par = parallel.resolve(model)
+    # perf: ParallelConfig.resolve (derived fields and every rule, ~35 us) depends on the model and the
+    # configuration alone; a search resolves each configuration once per cluster. A rule it breaks is
+    # raised again on every call (errors are not stored).
+    par = cache.resolved.get_or((model, parallel), lambda: parallel.resolve(model))
     check_job_fits_domains(cluster, par.gpus)
     if par.precision.value not in cluster.gpu.peak_tflops:
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
@@ -111,8 +114,11 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
     step = rep.step_time_s
     tokens = par.global_batch * model.seq_len
     peak = cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16")
-    model_tflops = model_flops_per_step(model, par.global_batch) / step / par.gpus / 1e12
-    hw_tflops = hardware_flops_per_step(model, par) / step / par.gpus / 1e12
+    # perf: a configuration's FLOPs per step are the model's and the configuration's alone
+    model_flops, hw_flops = cache.facts.get_or(("flops per step", model, par), lambda: (
+        model_flops_per_step(model, par.global_batch), hardware_flops_per_step(model, par)))
+    model_tflops = model_flops / step / par.gpus / 1e12
+    hw_tflops = hw_flops / step / par.gpus / 1e12
     res = Result(CandidateStatus.OK, label=par.label(), step_time_s=step, tokens_per_s=tokens / step,
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
                  breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))

@@ -106,8 +106,12 @@ _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
 # the gpt3_1t study
 facts = LRU(8 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
+resolved = LRU(_BLOCK_ENTRIES)      # (model, parallel as given) -> the resolved ParallelConfig (evaluate.resolve)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
 orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task
+# (pipeline shape, task durations and releases as bytes) -> PipelineSummary (replay/step.py): a few
+# (pp, vpp) arrays, ~2-10 KB an entry
+summaries = LRU(_BLOCK_ENTRIES)
 
 _memoized: list = []                # lru_cache'd structure functions registered by memoized()
 
@@ -272,7 +276,8 @@ def disabled():
 
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, network, orders):
+    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, network, orders,
+              summaries):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
@@ -284,4 +289,4 @@ def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
             (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks),
-             ("network", network), ("orders", orders))}
+             ("network", network), ("orders", orders), ("summaries", summaries))}

@@ -68,16 +68,26 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
                 groups: dict | None = None, kinds: tuple | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
-    the op's duration; `b_dur[stage, chunk]`: backward task durations; `groups`: stages sharing one
-    StageSync (step._stage_groups), or None (each stage on its own); `kinds`: schedule.task_kinds(plan)
-    when the caller has it."""
-    nic = _backward_nic_s(graph, cluster, timed, precision, groups, kinds)
+    the op's duration (replay.timing.timed_s on this cluster and precision); `b_dur[stage, chunk]`:
+    backward task durations; `groups`: stages sharing one StageSync (step._stage_groups), or None (each
+    stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it."""
+    # perf: the backward's NIC seconds read the graph (its ops carry any measured duration), the network
+    # and the precision; a search evaluates one graph on many clusters, and clusters that differ outside
+    # the network share them (read-only array)
+    nic = cache.facts.get_or(("backward NIC seconds", cache.object_key(graph), cache.network_key(cluster), precision),
+                             lambda: _read_only(_backward_nic_s(graph, cluster, timed, precision, groups, kinds)))
     if nic is None:
         return None
     busy = np.sum(b_dur, axis=1)
     u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
     rate = 1.0 - np.minimum(np.minimum(u, 1.0), 0.5)
     return rate if (rate < 1.0).any() else None
+
+
+def _read_only(a: np.ndarray | None) -> np.ndarray | None:
+    if a is not None:
+        a.flags.writeable = False
+    return a
 
 
 def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,

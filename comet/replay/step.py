@@ -10,7 +10,7 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.replay import cache
+from comet.replay import cache, pipeline
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
 from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end
@@ -179,7 +179,8 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     blocks, blocks_key = _block_timings(graph, cluster, precision, keep_block_replays)
     plan = graph.plan
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
-    kinds = task_kinds(plan)
+    # perf: the plan is the cached graph's (read-only); its task kinds are looked up once per plan object
+    kinds = cache.facts.get_or(("task kinds", cache.object_key(plan)), lambda: task_kinds(plan))
     f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds)
 
     memo: dict = {}
@@ -195,7 +196,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     # chunk's first forward waits for the buckets holding its first layer.
     gather_end = np.zeros(pp)
-    gather_events: list[list] = [[] for _ in range(pp)]   # (name, start, end) for the timeline
+    gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
     f_release = np.zeros((pp, vpp))
     for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
         st = graph.stages[stages[0]]
@@ -212,14 +213,34 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                                          for k in range(bs.count)]
             clock += bs.count * d
         gather_end[stages] = clock
-    summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
+    summary = _summary_shared(plan, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, groups, summary, gather_end, t, blocks, gather_events if keep_block_replays else None,
-                   dp_rate=dp_rate, blocks_key=blocks_key)
+    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
+                   blocks_key=blocks_key)
     crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
                       (f_dur, b_dur, f_release))
+
+
+def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.ndarray) -> PipelineSummary:
+    """The task level's per-stage figures, shared by candidates whose task durations and releases are
+    equal bit for bit (clusters that differ in HBM, prices, or a part of the network that no task, send or
+    early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
+    def run() -> PipelineSummary:
+        summary = summarize(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur, b_dur, f_release)
+        for a in (summary.compute_end, summary.last_b_start, summary.bubble, summary.gather_wait):
+            a.flags.writeable = False     # shared: read-only from here on
+        return summary
+
+    # the solver is part of the key: the numpy fallback equals the compiled one to 1e-12, not bit for bit
+    key = (pipeline.HAVE_NUMBA, plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur.shape, _bits(f_dur),
+           _bits(b_dur), _bits(f_release))
+    return cache.summaries.get_or(key, run)
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype=float).tobytes()
 
 
 def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple[float, float, float, int]:
@@ -234,6 +255,43 @@ def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple
                                                        else 0.0) for k in kinds) / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     return float(head), float(per_layer), float(all_compute), int(n)
+
+
+@dataclass(frozen=True)
+class _TailStatics:
+    """What a graph's stage tails read that the network does not change: per stage the optimizer's
+    compute and host-link seconds; per stage group (rows, first stage, its StageSync, and for one
+    chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync."""
+    adam: np.ndarray
+    link: np.ndarray
+    groups: tuple
+    emb: tuple
+
+
+def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
+                  t) -> _TailStatics:
+    """_TailStatics, shared by the candidates of one graph whose blocks are timed alike (the same cached
+    BlockTiming objects, held by `blocks_key`) on GPUs alike (`compute_key`: (cache.compute_key,
+    precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
+    differ in their network share it."""
+    def build() -> _TailStatics:
+        pp = graph.plan.pp
+        adam, link = np.zeros(pp), np.zeros(pp)
+        rows_of = []
+        for stages in groups.values():
+            s0 = int(stages[0])
+            st = graph.stages[s0]
+            adam[stages] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
+            link[stages] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
+            terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0]) if len(st.grad_buckets) == 1
+                     else None)
+            rows_of.append((stages, s0, st, terms))
+        emb = tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
+                           for s in stages))
+        adam.flags.writeable = link.flags.writeable = False
+        return _TailStatics(adam, link, tuple(rows_of), emb)
+
+    return cache.facts.get_or(("tail statics", cache.object_key(graph), blocks_key, compute_key), build)
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
@@ -282,45 +340,42 @@ def _stage_groups_shared(graph: StepGraph) -> dict:
     return cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
 
 
-def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end: np.ndarray, t, blocks,
-           events: list | None = None, dp_rate: np.ndarray | None = None, *, blocks_key: tuple) -> StageTails:
+def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,
+           gather_end: np.ndarray, t, blocks, events: list | None = None, dp_rate: np.ndarray | None = None, *,
+           blocks_key: tuple) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
     (name, start, end) so far, extended here (for the timeline); None: not recorded."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
+    statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
+    adam, link = statics.adam, statics.link
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
-    adam = np.zeros(pp)
-    link = np.zeros(pp)
-    for stages in groups.values():
-        st = graph.stages[stages[0]]
-        rows = stages
-        adam[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
-        link[rows] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
+    fast = dp_rate is not None and HAVE_NUMBA and not record
+    for rows, s0, st, terms in statics.groups:
         if not st.grad_buckets:
             continue
-        if len(st.grad_buckets) == 1 and dp_rate is not None and HAVE_NUMBA and not record:
+        if terms is not None and fast:
             # perf: one chunk's equal buckets on a shared port, offsets and stream in one compiled
             # pass (the generic path below, bit for bit; tests/replay/test_contention.py)
             bs = st.grad_buckets[0]
             ends, in_order = shared_bucket_stream(
-                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows],
-                *_bucket_ready_terms(graph, blocks, stages[0], bs), bs.count, bs.progressive, float(t(bs.op)))
+                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows], *terms,
+                bs.count, bs.progressive, float(t(bs.op)))
             if in_order:
                 dp_end[rows] = ends[:, -1]
                 continue
-        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, blocks_key, int(stages[0]),
-                                                                         st, t)
+        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, blocks_key, s0, st, t)
         if in_bucket_order:
             # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
             # offsets): the stable sort is the identity
             order = None
             ready = last_b_start[rows, chunk_of[0]][:, None] + offsets[None, :]
             in_order, durs_in_order = ready, durs
-        elif dp_rate is not None and HAVE_NUMBA and not record:
+        elif fast:
             # perf: buckets of several chunks: readiness, stable sort and the shared port in one compiled
             # pass per row (the arithmetic below, bit for bit; tests/replay/test_contention.py)
             dp_end[rows] = sorted_bucket_stream_end(last_b_start, rows, chunk_of, offsets, durs, gather_end[rows],
@@ -337,14 +392,14 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
         dp_end[rows] = ends[:, -1]
         if record:
             names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
-            for r, s in enumerate(stages):
+            for r, s in enumerate(rows):
                 idx = range(len(names)) if order is None else order[r].tolist()
                 events[s] += [(names[i], e - durs[i], e) for i, e in zip(idx, ends[r].tolist())]
     compute_end = summary.compute_end
     partner_wait = np.zeros(pp)
     # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
     # stage waiting for its partner is pipeline imbalance.
-    emb = sorted(s for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None for s in stages)
+    emb = statics.emb
     if emb:
         ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
         start = max(ready_at.values())
@@ -358,16 +413,15 @@ def _tails(graph: StepGraph, groups: dict, summary: PipelineSummary, gather_end:
     optimizer_start = np.maximum(compute_end, dp_end)
     optimizer_end = optimizer_start + adam + offload
     end = optimizer_end.copy()
-    for stages in groups.values():
-        st = graph.stages[stages[0]]
+    for rows, _, st, _ in statics.groups:
         if st.gather_before_forward:
             continue
         for bs in st.param_gathers:
             d = t(bs.op)
             if record:
-                for s in stages:
+                for s in rows:
                     events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
-            end[stages] += bs.count * d
+            end[rows] += bs.count * d
     return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
 
 

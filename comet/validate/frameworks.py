@@ -18,9 +18,11 @@ Sources of the defaults:
   Megatron-Core: distributed optimizer (ZeRO 1), sequence parallelism with TP, overlapped grad reduce
   and param gather, TP communication overlap (userbuffers; every H100 recipe sets tp_comm_overlap),
   gradients reduced in BF16 (`grad_reduce_in_fp32: false` / `grad_sync_dtype: bf16`), micro-batch 1.
+  A row that states fsdp runs Megatron-FSDP (bf16 parameter shard + fp32 main-weight shard: `fsdp_impl`).
 - torchtitan (`torchtitan/config/job_config.py`): FSDP2 (ZeRO 3), selective activation checkpointing,
   `mixed_precision_reduce = float32`, FSDP2 prefetches the next module's all-gather, no vocab padding,
   SDPA flash attention (FlashAttention-2 kernels: `attention_kernel` fa2), sequence parallel with TP.
+  Its loss is compiled with the model (--training.compile) since 0.1.0 and ran eagerly before (`loss_impl`).
 - llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
   FSDP default), bf16, flash attention (`attn_impl: flash`, the flash-attn 2 package: fa2), no vocab padding
   (MPT configs already pad to 50368).
@@ -83,6 +85,8 @@ class FrameworkDefaults:
     attention_kernel: str = "fused"          # TE / cuDNN fused attention; fa2: PyTorch SDPA / flash-attn 2
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
+    loss_impl: str = "fused"                 # cross-entropy memory: fused (in place / compiled) or eager
+    fsdp_impl: str = "torch"                 # a stated fsdp: PyTorch FSDP (torch) or Megatron-FSDP (megatron)
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
@@ -98,7 +102,7 @@ class FrameworkDefaults:
 
 
 _MEGATRON_CORE = FrameworkDefaults(
-    "megatron-lm", zero=0, uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
+    "megatron-lm", zero=0, fsdp_impl="megatron", uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
     overlap_param_gather=False,
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
@@ -106,7 +110,7 @@ _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision=
                          overlap_p2p_comm=False, uneven_pipeline=False, bf16_grad_reduce=False,
                          notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
-_NEMO = FrameworkDefaults("nemo", zero=1, overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
+_NEMO = FrameworkDefaults("nemo", zero=1, fsdp_impl="megatron", overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
                           uneven_pipeline=True, interleave=True,
                           notes={"grad_dtype": "NeMo perf recipes: grad_reduce_in_fp32 false / grad_sync_dtype bf16",
                                  "tp_comm_overlap": "NeMo H100 recipes set tp_comm_overlap"})
@@ -151,6 +155,25 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
 }
 GENERIC = FrameworkDefaults("generic")
 
+# torchtitan's loss (memory: comet/workload/memory.py LOSS_LOGIT_BYTES). Since 0.1.0
+# (torchtitan/components/loss.py `build_cross_entropy_loss`) --training.compile also compiles the loss, which
+# its published benchmarks set; before it, train.py kept `# TODO: compiling loss function causes CUDA
+# errors, turning off for now` over `loss_fn = torch.compile(loss_fn)`, so the loss ran in eager mode.
+# Versions that state 0.0.x (the version.txt of every checkout before 0.1.0) or a year up to 2024 get the
+# eager loss; others (0.1.0 on, or a bare commit) the compiled one.
+FRAMEWORKS["torchtitan"] = replace(
+    FRAMEWORKS["torchtitan"], loss_impl="fused",
+    notes={"loss_impl": "torchtitan >= 0.1.0 compiles the loss with --training.compile (components/loss.py)"})
+_TORCHTITAN_EAGER_LOSS = replace(
+    FRAMEWORKS["torchtitan"], key="torchtitan (< 0.1.0)", loss_impl="eager",
+    notes={"loss_impl": "torchtitan before 0.1.0 left the loss uncompiled (train.py: compiling it 'causes CUDA "
+                        "errors, turning off for now')"})
+
+
+def _torchtitan_before_0_1(version: str) -> bool:
+    year = _year(version)
+    return bool(re.search(r"\b0\.0\.\d+\b", version)) or (year is not None and year <= 2024)
+
 
 def _year(version: str) -> int | None:
     m = re.search(r"\b(20\d\d)\b", version)
@@ -158,6 +181,8 @@ def _year(version: str) -> int | None:
 
 
 def _defaults_by_year(framework: str, version: str) -> FrameworkDefaults:
+    if framework == "torchtitan" and _torchtitan_before_0_1(version):
+        return _TORCHTITAN_EAGER_LOSS
     if framework == "megatron-lm":
         year = _year(version)
         if year is not None and year <= 2021:
@@ -169,8 +194,9 @@ def _defaults_by_year(framework: str, version: str) -> FrameworkDefaults:
 def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
     """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
     that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
-    with Korthikanti et al. (arXiv:2205.05198, May 2022). Stacks released before Hopper-native attention
-    kernels existed run FlashAttention-2-class attention (`attention_generation`)."""
+    with Korthikanti et al. (arXiv:2205.05198, May 2022); torchtitan before 0.1.0 has an eager loss. Stacks
+    released before Hopper-native attention kernels existed run FlashAttention-2-class attention
+    (`attention_generation`)."""
     return attention_generation(_defaults_by_year(framework, version), version)
 
 

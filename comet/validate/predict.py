@@ -13,9 +13,10 @@ from comet.replay.blocks import time_block
 from comet.result import Result
 from comet.validate.accounting import flops_per_step
 from comet.validate.layout import choose_layout
-from comet.validate.memory_knobs import fit_unstated_knobs, with_steps
+from comet.validate.memory_knobs import fit_unstated_knobs, memory_of, with_steps
 from comet.validate.rows import MEMORY_METRICS, Case
 from comet.workload.builder import build_step_graph
+from comet.workload.memory_measures import measured_GB
 
 LAYER_BLOCKS = ("layer.fwd", "layer.recompute", "layer.bwd")
 
@@ -97,11 +98,17 @@ def metric_from_result(case: Case, res: Result, cluster: ClusterSpec) -> float:
         peak = (case.mfu_peak_tflops * 1e12 if case.mfu_peak_tflops else
                 cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16"))
         return flops_per_step(case.flops_formula, model, gb) / t / gpus / peak * _percent_scale(case)
-    if case.metric == "memory_gib_per_gpu":
-        return res.memory_gb_per_gpu * 1e9 / GIB
-    if case.metric == "memory_gb_per_gpu":
-        return res.memory_gb_per_gpu
+    if case.metric in MEMORY_METRICS:
+        return _measured_memory(case, cluster, res.memory_gb_per_gpu)
     raise ValueError(case.metric)
+
+
+def _measured_memory(case: Case, cluster: ClusterSpec, total_GB: float) -> float:
+    """The footprint as the row's memory_measure reads it (nvidia-smi, reserved or allocated), in the
+    row's unit."""
+    mem = memory_of(case.model, cluster, case.parallel)
+    gb = total_GB if mem is None else measured_GB(mem, case.parallel, cluster, case.memory_measure)
+    return gb * 1e9 / GIB if case.metric == "memory_gib_per_gpu" else gb
 
 
 def layer_time_ms(case: Case, cluster: ClusterSpec) -> tuple[float, dict, str]:
@@ -148,7 +155,7 @@ def predict(case: Case, clusters: ClusterCache) -> Prediction:
     mem = res.memory_gb_per_gpu if res.memory_gb_per_gpu == res.memory_gb_per_gpu else None
     if not res.feasible:
         if case.metric in MEMORY_METRICS and mem:   # a memory row still gets its predicted footprint
-            return Prediction(case, "infeasible", mem * (1e9 / GIB if "gib" in case.metric else 1.0),
+            return Prediction(case, "infeasible", _measured_memory(case, cluster, mem),
                               reason=res.reason, label=res.label, memory_GB=mem)
         return Prediction(case, "infeasible", reason=res.reason, label=res.label, memory_GB=mem)
     return Prediction(case, "ok", metric_from_result(case, res, cluster), label=res.label,

@@ -16,6 +16,21 @@ from comet.validate.layout import __doc__ as LAYOUT_DOC
 from comet.validate.memory_knobs import __doc__ as MEMORY_KNOBS_DOC
 from comet.validate.frameworks import __doc__ as FRAMEWORK_DOC
 from comet.validate.summary import ErrorStats
+from comet.workload.memory_measures import __doc__ as MEMORY_MEASURES_DOC
+
+# How the peak is built (comet/workload/memory.py); the measures follow (comet/workload/memory_measures.py).
+MEMORY_MODEL = (
+    "Peak memory per GPU is the worst pipeline stage's weights, gradients, optimizer state, saved activations "
+    "(Korthikanti et al. term by term, with the framework's recompute policy and FP8 handling), the loss's "
+    "logits and a workspace. The cross-entropy holds 4 bytes per logit where it is fused (Megatron's "
+    "vocab-parallel loss works in place on an fp32 copy; a torch.compile'd loss keeps bf16 logits and a bf16 "
+    "gradient) and 12 where PyTorch runs it eagerly on `pred.float()` (saved fp32 log-softmax plus two fp32 "
+    "gradients at the start of the backward): torchtitan before 0.1.0 did, by `framework_version` (JSON "
+    "assumption `loss_impl`). Under FSDP (ZeRO-3 with `fsdp`) the fp32 shard is the parameter and the "
+    "optimizer's master (4 + 8 bytes per parameter, not a bf16 shard + 12), and the root module (embedding, "
+    "final norm, output layer) stays gathered in bf16 from the forward through the backward. The predicted "
+    "footprint (`memory_gb_per_gpu` in the JSON, the fit test of a search) is what nvidia-smi shows; a memory "
+    "row is compared in the measure it names:")
 
 LIMITATIONS = (
     "DeepSpeed ZeRO-3 as run in 2021 (Narayanan SC21 Table 2) gathers every module's parameters with a flat "
@@ -113,7 +128,8 @@ def memory_md(val: Validation) -> list[str]:
         if p.memory_GB is None:
             continue
         c = p.case
-        measured = f"{_fmt(c.value)} ({c.metric.split('_')[1]})" if c.metric.startswith("memory") else ""
+        measured = (f"{_fmt(c.value)} ({c.metric.split('_')[1]}, {c.memory_measure})"
+                    if c.metric.startswith("memory") else "")
         err = _pct(p.error_pct) if measured and p.status == "ok" else ""
         out.append(f"| {c.index} | {c.row.get('model', '')} | {p.label or '-'} | {p.memory_GB:.1f} | {measured} | "
                    f"{err} |")
@@ -228,7 +244,7 @@ def render(val: Validation, specs_dir: Path, command: str, fits: list[FitResult]
               "say, and listed under `assumptions`. "
               "Memory is predicted for every modelled row (`memory_gb_per_gpu`); a configuration fits when its "
               "predicted peak is within 5% of HBM (comet/workload/memory.py FIT_MARGIN).",
-              "", "## Memory", ""]
+              "", "## Memory", "", MEMORY_MODEL, "", MEMORY_MEASURES_DOC.strip(), ""]
     lines += memory_md(val)
     lines += ["", "## Settings chosen for knobs a row leaves empty", "",
               "Rows whose configuration the memory-knob ladder or the layout search set (sections above):", ""]

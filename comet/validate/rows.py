@@ -78,6 +78,7 @@ class Case:
     flops_formula: str = "megatron_model"
     mfu_peak_tflops: float | None = None
     total_tokens: float | None = None
+    memory_measure: str = "max_reserved"   # memory rows: what was read (comet/workload/memory_measures.py)
     held_out: bool = False
     skip_reason: str = ""
     bad_column: str = ""                 # the cell that made the row unreadable
@@ -255,6 +256,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
     if zero >= 3 and d.zero3_live_params is not None:
         live = d.zero3_live_params
         c.default("zero3_live_params", f"{live:.3g}")
+    loss_impl = c.default("loss_impl", d.loss_impl) if "loss_impl" in d.notes else d.loss_impl
     first, last = c.integer("pp_first_stage_layers"), c.integer("pp_last_stage_layers")
     emb_loss = False
     if first is None and last is None and model.layers % (pp * vpp) and (model.layers + 2) % (pp * vpp) == 0:
@@ -280,7 +282,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
-            dp_collective=dp_collective, zero3_live_params=live,
+            dp_collective=dp_collective, zero3_live_params=live, loss_impl=loss_impl, fsdp_impl=d.fsdp_impl,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)
@@ -306,7 +308,7 @@ def _metric_inputs(c: Cells, case: Case) -> None:
         if case.total_tokens is None:
             raise _Skip("time_to_train_min needs total_tokens")
     if case.metric in MEMORY_METRICS:
-        c.enum_or("memory_measure", "max_reserved")
+        case.memory_measure = c.enum_or("memory_measure", "max_reserved")
 
 
 def derive_case(row: dict, index: int) -> Case:

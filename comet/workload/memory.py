@@ -29,7 +29,16 @@ GB = 1e9
 ACT_BYTES = 2          # bf16/fp16 activations [K] Sec 4.1
 MASK_BYTES = 1         # dropout masks, one byte per element [K] Sec 4.1
 FP8_ACT_BYTES = 1      # TE saves FP8 GEMM inputs for the weight gradient [T]
-LOGIT_BYTES = 4        # fp32 logits for the cross-entropy [K] Sec 4.3
+# Bytes per logit (tokens x vocab / tp) live at the loss's peak, the start of the backward:
+#  fused: 4. Megatron-Core `vocab_parallel_cross_entropy` casts the logits to fp32 and works in place (exp
+#    saved for the backward, gradient written over it) [K] Sec 4.3; a torch.compile'd loss (torchtitan
+#    0.1.0 components/loss.py `build_cross_entropy_loss` compiles it under --training.compile) saves the
+#    bf16 logits and writes a bf16 gradient (2 + 2).
+#  eager: 12. PyTorch eager `F.cross_entropy(pred.float(), labels)` (torchtitan's loss before 0.1.0,
+#    whose train.py left `torch.compile(loss_fn)` commented out): log_softmax saves its fp32 output (4),
+#    nll_loss's backward makes an fp32 gradient (4) and log_softmax's backward a new fp32 one (4) while
+#    the saved output is still held.
+LOSS_LOGIT_BYTES = {"fused": 4, "eager": 12}
 WEIGHT_BYTES = 2       # bf16/fp16 weights
 FP8_CACHE_BYTES = 2    # TE FP8 weight copy + its transpose cache, per GEMM weight [T]
 GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron default) or bf16 where stated
@@ -37,6 +46,12 @@ GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron def
 # `optim.dtype: bf16` -> Apex DistributedFusedAdam(dtype=bf16) keeps its param shard, exp_avg and
 # exp_avg_sq in that dtype)
 ADAM_BYTES = {"fp32": 12, "bf16": 6}
+# FSDP (PyTorch FSDP1 flat parameters, FSDP2 `fully_shard` with MixedPrecisionPolicy(param_dtype=bf16)):
+# the sharded parameter keeps the model's fp32 dtype and is what the optimizer steps, so it is the master
+# copy; the bf16 copy exists only while a module is gathered (torch/distributed/fsdp/_fully_shard/
+# _fsdp_param.py: `sharded_param` in orig dtype, `_unsharded_param` in param_dtype). 4 + 8 bytes per
+# parameter instead of a bf16 shard + fp32 master + moments (2 + 12).
+FSDP_SHARD_BYTES = 4
 # The fit test's margin: a configuration fits when its predicted peak is within FIT_MARGIN of HBM.
 # The memory model is a prediction with an error (docs/validation.md, memory rows: a few percent); a
 # hard cut at exactly the capacity would turn a 3% memory error into a pruned configuration that
@@ -187,8 +202,8 @@ def in_flight_microbatches(par: ParallelConfig, stage: int) -> float:
 def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
     """Embedding and output-layer activations of the stage ([K] Sec 4.3). The first stage keeps the
     input dropout mask (sbh, /t with SP) for each in-flight micro-batch; the last keeps the final
-    layernorm and output projection inputs (4sbh, /t with SP) and fp32 logits 4sbV/t, for one micro-batch
-    (its backward follows its forward at once) except under GPipe, which holds all m."""
+    layernorm and output projection inputs (4sbh, /t with SP) and the loss's logits (LOSS_LOGIT_BYTES x sbV/t),
+    for one micro-batch (its backward follows its forward at once) except under GPipe, which holds all m."""
     s, b, h, t = model.seq_len // par.cp, par.micro_batch, model.hidden, par.tp
     split = t if par.sp else 1
     total = 0.0
@@ -197,7 +212,8 @@ def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) ->
             total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
     if stage == par.pp - 1:
         held = par.num_microbatches if par.schedule is Schedule.GPIPE else 1
-        total += held * (2 * ACT_BYTES * s * b * h / split + LOGIT_BYTES * s * b * model.padded_vocab(t) / t)
+        logits = LOSS_LOGIT_BYTES[par.loss_impl] * s * b * model.padded_vocab(t) / t
+        total += held * (2 * ACT_BYTES * s * b * h / split + logits)
     return total
 
 
@@ -221,13 +237,27 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
     return n
 
 
+def _layer_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+    """Parameters of the stage's transformer layers on one GPU (MoE: the non-expert part of them)."""
+    if model.moe is not None:
+        return stage_dense_layer_params(model, par, stage)
+    return par.stage_layers(model, stage) * model.layer_params / par.tp
+
+
+def _fsdp_fp32_shard(par: ParallelConfig) -> bool:
+    """Whether the ZeRO-3 shard is an FSDP fp32 parameter that is also the optimizer's master copy: PyTorch
+    FSDP (and JAX, whose fp32 parameters are cast to bf16 per use). Megatron-FSDP keeps a bf16 parameter
+    shard and a separate fp32 main-weight shard (megatron/core/distributed/fsdp: `preserve_fp32_weights`),
+    the byte count of the distributed optimizer."""
+    return par.fsdp and par.fsdp_impl == "torch" and par.zero >= 3 and par.optimizer_dtype == "fp32"
+
+
 def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: float) -> float:
     """Resident weight bytes of the stage's parameters: BF16, plus under FP8 the TE FP8 copy and its
     transpose of each layer GEMM weight; with fp8_params the GEMM weights exist only in FP8 [T]."""
     if par.precision is not Precision.FP8 or par.fp8_impl != "te":   # torchao keeps no FP8 weight cache
         return params * WEIGHT_BYTES
-    gemm = (stage_dense_layer_params(model, par, stage) if model.moe is not None
-            else par.stage_layers(model, stage) * model.layer_params / par.tp)
+    gemm = _layer_params(model, par, stage)
     return (params - gemm) * WEIGHT_BYTES + gemm * (FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES))
 
 
@@ -242,6 +272,16 @@ def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     optimizer = params * ADAM_BYTES[par.optimizer_dtype] / (shard if par.zero >= 1 else 1)
     layers_here = par.stage_layers(model, stage)
     buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * WEIGHT_BYTES
+    if _fsdp_fp32_shard(par):
+        weights = params * FSDP_SHARD_BYTES / shard
+        optimizer = params * (ADAM_BYTES["fp32"] - FSDP_SHARD_BYTES) / shard    # Adam m and v
+        # The root module (embedding, final norm, output layer: what is not in a wrapped layer) is not
+        # resharded after the forward, its parameters being needed again at once by the backward (FSDP1
+        # torch/distributed/fsdp/_runtime_utils.py `_post_forward_reshard`; FSDP2 _fsdp_state.py
+        # `_lazy_init`: the root's post_forward_mesh_info is None): gathered in bf16 for the whole step.
+        # PyTorch 2.13 does so only where reshard_after_forward is left unset (`_auto_reshard_after_forward`),
+        # while torchtitan 0.1.0 passes True for the root: counted as in the torch 2.7/2.8 its rows ran.
+        buffer += (params - _layer_params(model, par, stage)) * WEIGHT_BYTES
     if par.zero3_live_params is not None:   # DeepSpeed: per-module gathers up to the live budget; a larger
         # module is still gathered whole (deepspeed/runtime/zero/partitioned_param_coordinator.py)
         module = max(model.hidden * model.ffn_hidden * (2 if model.gated else 1),

@@ -101,22 +101,39 @@ def _expert_dims(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int, 
     return local, moe.expert_ffn_hidden // par.expert_tp, 2 if model.gated else 1, routed_tokens(model, par) / local
 
 
+# The exchanges that move tokens towards the experts: the dispatch, and the gradient of the combine (the
+# autograd backward of a reduce-scatter is an all-gather, of an all-gather a reduce-scatter).
+_TOWARDS_EXPERTS = ("dispatch", "combine.bwd")
+
+
 def _exchange(bb: BlockBuilder, name: str, model: ModelSpec, deps: Deps) -> Deps:
-    """Dispatch or combine: EP all-to-all (or all-gather / reduce-scatter dispatcher), then the expert-TP
-    all-gather / reduce-scatter. Returns what the next kernel waits for."""
+    """Dispatch or combine (or their gradients) over EP and expert-TP, in Megatron-Core's order
+    (token_dispatcher.py MoEAlltoAllTokenDispatcher): towards the experts the EP all-to-all, then the ETP
+    all-gather; back from them the ETP reduce-scatter, then the all-to-all. Backward runs each exchange
+    reversed, so the gradient of the combine gathers and that of the dispatch reduce-scatters. Returns
+    what the next kernel waits for."""
     par = bb.par
     msg = dispatch_bytes(model, par)
+    gather = name in _TOWARDS_EXPERTS
     out = deps
-    if par.ep > 1:
+
+    def ep(out: Deps) -> Deps:
+        if par.ep <= 1:
+            return out
         if par.moe_dispatcher is Dispatcher.ALLTOALL:
-            out = [bb.collective(f"moe.{name}.all_to_all", Collective.ALL_TO_ALL, msg, GroupKind.EP, out)]
-        else:   # allgather dispatcher: every rank gathers all EP peers' tokens, reduce-scatters outputs
-            kind = Collective.ALL_GATHER if name.startswith("dispatch") else Collective.REDUCE_SCATTER
-            n = tokens_in(model, par) * model.hidden * ACT_BYTES * par.ep
-            out = [bb.collective(f"moe.{name}.{kind.value}", kind, n, GroupKind.EP, out)]
-    if par.expert_tp > 1:
-        kind = Collective.ALL_GATHER if name.startswith("dispatch") else Collective.REDUCE_SCATTER
-        out = [bb.collective(f"moe.{name}.etp_{kind.value}", kind, msg * par.expert_tp, GroupKind.ETP, out)]
+            return [bb.collective(f"moe.{name}.all_to_all", Collective.ALL_TO_ALL, msg, GroupKind.EP, out)]
+        # allgather dispatcher: every rank gathers all EP peers' tokens, reduce-scatters the outputs
+        kind = Collective.ALL_GATHER if gather else Collective.REDUCE_SCATTER
+        n = tokens_in(model, par) * model.hidden * ACT_BYTES * par.ep
+        return [bb.collective(f"moe.{name}.{kind.value}", kind, n, GroupKind.EP, out)]
+
+    def etp(out: Deps) -> Deps:
+        if par.expert_tp <= 1:
+            return out
+        kind = Collective.ALL_GATHER if gather else Collective.REDUCE_SCATTER
+        return [bb.collective(f"moe.{name}.etp_{kind.value}", kind, msg * par.expert_tp, GroupKind.ETP, out)]
+
+    out = etp(ep(out)) if gather else ep(etp(out))
     if par.moe_overlap_a2a and out is not deps:
         return deps          # overlapped: the next kernel does not wait (see the module docstring)
     return out

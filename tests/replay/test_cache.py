@@ -90,6 +90,25 @@ def test_cached_evaluation_equals_uncached_on_random_candidates(cands, h100):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfgs=st.lists(configs, min_size=1, max_size=3), provs=st.lists(provisions, min_size=3, max_size=6))
+def test_cached_evaluation_equals_uncached_across_clusters(cfgs, provs, h100):
+    # a search evaluates each configuration on many clusters: what the step shares between clusters that
+    # differ only in the network (optimizer seconds, bucket readiness) or outside what ops read (the
+    # task level's summary, the NIC share), and the resolved configuration, must be what a fresh
+    # evaluation computes; the second pass evaluates every pair again, all from the caches
+    cache.clear()
+    clusters = [apply_provisioning(h100, prov) for prov in provs]
+    for _ in range(2):
+        for cfg in cfgs:
+            model, par = _par(cfg)
+            for cluster in clusters:
+                cached = evaluate(model, cluster, par)
+                with cache.disabled():
+                    reference = evaluate(model, cluster, par)
+                _same(cached, reference)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=configs, prov=provisions, base_cfg=configs)
 def test_plain_built_base_equals_the_transform(cfg, prov, base_cfg, h100):
     # evaluate() builds a candidate directly when the base is an untimed builder graph; the reference

@@ -65,6 +65,35 @@ def test_expert_tensor_parallel_gathers_over_etp_and_sequence_parallel_shards_to
     assert all(op.msg_bytes == 32 * 2 * 64 * 2 * 2 for op in gathers)
 
 
+def _exchange_chain(block):
+    """The EP / ETP collectives of a MoE block as (name, collective), in dependency order."""
+    import networkx as nx
+    order = list(nx.topological_sort(block))
+    comm = [(nid, op) for nid, op in ((n, block.nodes[n]["op"]) for n in order)
+            if op.group_kind in (GroupKind.EP, GroupKind.ETP)]
+    for (a, _), (b, _) in zip(comm, comm[1:]):
+        assert nx.has_path(block, a, b)          # one chain: each exchange waits for the one before
+    return [(op.name, op.collective) for _, op in comm]
+
+
+def test_exchanges_follow_megatron_order_and_backward_reverses_each_collective():
+    # Megatron-Core MoEAlltoAllTokenDispatcher: dispatch = all-to-all (EP) then all-gather (ETP); combine =
+    # reduce-scatter (ETP) then all-to-all. Autograd reverses each: the combine's gradient all-gathers,
+    # the dispatch's reduce-scatters.
+    graph = build_step_graph(TINY, _par(tp=2, dp=4, ep=4, etp=2))
+    A2A, AG, RS = Collective.ALL_TO_ALL, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    assert _exchange_chain(graph.blocks["moe_layer.fwd"]) == [
+        ("moe.dispatch.all_to_all", A2A), ("moe.dispatch.etp_all_gather", AG),
+        ("moe.combine.etp_reduce_scatter", RS), ("moe.combine.all_to_all", A2A)]
+    assert _exchange_chain(graph.blocks["moe_layer.bwd"]) == [
+        ("moe.combine.bwd.all_to_all", A2A), ("moe.combine.bwd.etp_all_gather", AG),
+        ("moe.dispatch.bwd.etp_reduce_scatter", RS), ("moe.dispatch.bwd.all_to_all", A2A)]
+    # The all-gather dispatcher: tokens gathered over EP on the way to the experts, scattered back.
+    ag = build_step_graph(TINY, _par(moe_dispatcher=Dispatcher.ALLGATHER))
+    assert [c for _, c in _exchange_chain(ag.blocks["moe_layer.fwd"])] == [AG, RS]
+    assert [c for _, c in _exchange_chain(ag.blocks["moe_layer.bwd"])] == [AG, RS]
+
+
 def test_capacity_factor_and_imbalance_scale_the_busiest_rank():
     base = _a2a(build_step_graph(TINY, _par()).blocks["moe_layer.fwd"])[0].msg_bytes
     skew = _a2a(build_step_graph(TINY, _par(moe_imbalance=1.5)).blocks["moe_layer.fwd"])[0].msg_bytes
