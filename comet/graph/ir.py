@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator
 
 import networkx as nx
@@ -92,7 +92,7 @@ EP_STREAM = "comm.ep"
 OFFLOAD_STREAM = "offload"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Op:
     name: str
     kind: OpKind
@@ -119,12 +119,30 @@ class Op:
     duration_s: float | None = None     # measured duration (imported); None: timed by the cost model
     start_s: float | None = None        # measured start, relative to the rank's step start
 
+    def __init__(self, name: str, kind: OpKind, *args, **given):
+        # perf: a frozen dataclass's __init__ stores all 24 fields through object.__setattr__ (~3 us
+        # an op, most of what building a block costs); here the fields given go into the instance
+        # dict at once and the others read the class attributes, which are the dataclass defaults.
+        # Equality, hashing, repr and replace() are the dataclass's, over every field.
+        if args:
+            given.update(zip(_OP_FIELDS[2:], args))
+        if not given.keys() <= _OP_FIELD_SET:
+            raise TypeError(f"Op() got unexpected field(s): {', '.join(sorted(given.keys() - _OP_FIELD_SET))}")
+        d = self.__dict__
+        d["name"] = name
+        d["kind"] = kind
+        d.update(given)
+
     def with_(self, **changes) -> "Op":
         return replace(self, **changes)
 
     @property
     def is_comm(self) -> bool:
         return self.kind in (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)
+
+
+_OP_FIELDS = tuple(f.name for f in fields(Op))
+_OP_FIELD_SET = frozenset(_OP_FIELDS)
 
 
 # ---------------------------------------------------------------------------- flat op graphs

@@ -25,6 +25,8 @@ from dataclasses import replace
 from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable
 
+from comet.graph.block import content as block_content
+
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
 _BLOCK_ENTRIES = 4096
 _GRAPH_ENTRIES = 1024              # a StepGraph shares its blocks: a few KB of its own
@@ -140,8 +142,7 @@ def block_signature(g) -> Signature:
     order, edges with their data. Computed once per graph object (blocks are not modified once built)."""
     sig = _signatures.get(g)
     if sig is None:
-        sig = Signature((tuple(g.nodes(data="op")),
-                         tuple((u, v, tuple(sorted(d.items()))) for u, v, d in g.edges(data=True))))
+        sig = Signature(block_content(g))
         # perf: equal blocks of different graphs share one Signature object, so cache look-ups compare
         # identities, not every op
         sig = _interned.get_or(sig, lambda: sig)

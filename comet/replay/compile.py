@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from comet.graph.block import block_lists
 from comet.graph.ir import Op, OpKind, check_acyclic
 
 
@@ -29,17 +30,31 @@ class CompiledGraph:
 
 def compile_graph(g: nx.DiGraph, where: str = "graph") -> CompiledGraph:
     """Index nodes in insertion order; resources are (rank, stream); matched comm ops grouped by comm_id."""
+    lists = block_lists(g)
+    if lists is not None:
+        # perf: a built block's own lists (graph/block.py); its edges all run forward, none is delayed
+        ops, edges = lists
+        return _compiled(list(range(len(ops))), ops, [(u, v, 0.0) for u, v, _ in edges], None)
     node_ids = list(g.nodes)
     index = {nid: i for i, nid in enumerate(node_ids)}
-    ops = [g.nodes[nid]["op"] for nid in node_ids]
+    edges = [(index[u], index[v], float(d.get("delay_s", 0.0))) for u, v, d in g.edges(data=True)]
+
+    def topological() -> list[int]:
+        check_acyclic(g, where)
+        return [index[nid] for nid in nx.lexicographical_topological_sort(g, key=lambda n: index[n])]
+
+    return _compiled(node_ids, [g.nodes[nid]["op"] for nid in node_ids], edges, topological)
+
+
+def _compiled(node_ids: list, ops: list[Op], edges: list[tuple[int, int, float]], topological) -> CompiledGraph:
+    """`edges`: (u, v, delay) by index in the graph's edge order; `topological()`: the lexicographically
+    smallest topological order, asked for only when some edge runs backwards."""
     res_of: dict[tuple, int] = {}
     resource = [res_of.setdefault((op.rank, op.stream), len(res_of)) for op in ops]
     preds: list[list[tuple[int, float]]] = [[] for _ in node_ids]
     succs: list[list[tuple[int, float]]] = [[] for _ in node_ids]
     forward_only = True           # every edge from an earlier to a later node
-    for u, v, data in g.edges(data=True):
-        d = float(data.get("delay_s", 0.0))
-        iu, iv = index[u], index[v]
+    for iu, iv, d in edges:
         preds[iv].append((iu, d))
         succs[iu].append((iv, d))
         forward_only = forward_only and iu < iv
@@ -58,11 +73,9 @@ def compile_graph(g: nx.DiGraph, where: str = "graph") -> CompiledGraph:
         # lexicographically smallest one: the earliest node is always ready when its turn comes
         topo = list(range(len(ops)))
     else:
-        check_acyclic(g, where)
-        order = list(nx.lexicographical_topological_sort(g, key=lambda n: index[n]))
         topo = [0] * len(ops)
-        for pos, nid in enumerate(order):
-            topo[index[nid]] = pos
+        for pos, i in enumerate(topological()):
+            topo[i] = pos
     comm_kinds = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)
     return CompiledGraph(
         node_ids=node_ids, ops=ops, resource=resource, resources=list(res_of), rank=[op.rank for op in ops],

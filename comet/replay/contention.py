@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
+from comet.graph.block import block_ops
 from comet.graph.ir import StepGraph
 from comet.hardware.network import group_span
 from comet.replay import cache
@@ -49,7 +50,7 @@ def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
 def _block_nic_s(g, cluster: ClusterSpec, timed) -> float:
     """Seconds one rank's NIC carries this block's communication (the busiest rank of the block)."""
     per_rank: dict[int, float] = {}
-    for _, op in g.nodes(data="op"):
+    for op in block_ops(g):
         if not op.is_comm:
             continue
         if op.collective is not None:

@@ -97,7 +97,7 @@ def replay(cg: CompiledGraph, dur: list[float], overlap_slowdown: float = 0.0) -
             start[m] = t
             binding[m] = last if m != last else binding[m]
             push(t + d, _FINISH, m)
-        for r in {rank[m] for m in members}:
+        for r in dict.fromkeys(rank[m] for m in members):   # in member order: deterministic, like the kernel
             comm_active[r] = comm_active.get(r, 0) + 1
             if overlap_slowdown and comm_active[r] == 1:
                 retime(r, t)

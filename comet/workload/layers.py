@@ -17,8 +17,9 @@ import networkx as nx
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
+from comet.graph.block import Block, chain_edges
 from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
-                            KernelClass, Op, OpKind, Phase, chain_streams, new_graph)
+                            KernelClass, Op, OpKind, Phase)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 
 ACT_BYTES = 2   # bf16/fp16 activations
@@ -47,28 +48,42 @@ class Dims:
 
     @staticmethod
     def of(model: ModelSpec, par: ParallelConfig) -> "Dims":
+        # perf: the blocks of one configuration are built one after another from the same two
+        # (immutable) objects; the last answer is kept with them (one tuple: read and replaced whole)
+        global _last_dims
+        last = _last_dims
+        if last[0] is model and last[1] is par:
+            return last[2]
         T = par.micro_batch * model.seq_len // par.cp
-        return Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
+        dims = Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
                     h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden,
                     gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_size,
                     V=model.padded_vocab(par.tp), sp=par.sp, cp=par.cp, act=model.activation.value)
+        _last_dims = (model, par, dims)
+        return dims
+
+
+_last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dims) of the last Dims.of
 
 
 class BlockBuilder:
     """Appends ops to one block graph; ops on the same stream run in insertion order."""
 
     def __init__(self, phase: Phase, par: ParallelConfig, model: ModelSpec):
-        self.g = new_graph()
+        # perf: ops and data edges in lists; no networkx graph is built unless one is asked for (graph/block.py)
+        self.ops: list[Op] = []
+        self.deps: list[tuple[int, int]] = []
         self.phase = phase
         self.par = par
         self.model = model
         self.fp8 = par.precision is Precision.FP8
 
     def _add(self, op: Op, after) -> int:
-        nid = len(self.g)
-        self.g.add_node(nid, op=op)
-        for u in (a for a in after if a is not None):
-            self.g.add_edge(u, nid, dep="data")
+        nid = len(self.ops)
+        self.ops.append(op)
+        for u in after:
+            if u is not None:
+                self.deps.append((u, nid))
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
@@ -138,7 +153,9 @@ class BlockBuilder:
                          after)
 
     def done(self) -> nx.DiGraph:
-        return chain_streams(self.g)
+        """The block (a DiGraph, built on first use): ops in insertion order, data edges, and stream
+        order between consecutive ops of a stream."""
+        return Block.of(self.ops, chain_edges(self.ops, self.deps))
 
 
 def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:

@@ -1,0 +1,118 @@
+"""A built block: its ops in program order and their dependencies as plain lists, a networkx graph
+only when someone asks for one.
+
+The replay of a block reads a list of ops, a list of edges and the streams (comet/replay/compile.py,
+comet/replay/block_kernel.py); building a networkx DiGraph of every block of every configuration a
+search meets costs more than replaying it. A `Block` is a DiGraph whose networkx state is built on
+first use: transforms, expansion, export and traces see an ordinary DiGraph (node ids 0..n-1 in
+program order, edge attribute "dep"), the replay reads `block_lists(g)` and never builds it.
+
+On first use the object becomes a plain `nx.DiGraph` (its class is switched), so nothing can edit
+the graph while the lists still describe the old content: `block_lists` answers None from then on
+and readers take the networkx path.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+import networkx as nx
+
+from comet.graph.ir import DepKind, Op
+
+_DATA = DepKind.DATA.value    # the builder's data edges carry the plain string
+
+# networkx's per-instance state (DiGraph.__init__): reading any of it builds the graph
+_NX_STATE = ("graph", "_node", "_adj", "_succ", "_pred", "__networkx_cache__")
+
+
+class _BuildOnUse:
+    """Class attribute standing for one piece of networkx state: the first read (or write) builds the
+    graph, after which the instance is a plain DiGraph and this descriptor is no longer consulted."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        obj._materialize()
+        return getattr(obj, self.name)
+
+    def __set__(self, obj, value) -> None:
+        obj._materialize()
+        setattr(obj, self.name, value)
+
+
+class Block(nx.DiGraph):
+    """`ops`: Op per node, node id = position; `edges`: (u, v, dep) with u < v, in the order networkx
+    lists them (by source, then insertion), at most one edge per (u, v)."""
+
+    def __new__(cls, *args, **kwargs):
+        # networkx makes new graphs of the same class (copy(), subgraph views, ...): those are plain graphs
+        return nx.DiGraph(*args, **kwargs)
+
+    @classmethod
+    def of(cls, ops: list[Op], edges: list[tuple[int, int, str]]) -> "Block":
+        b = object.__new__(cls)
+        b.__dict__["_lists"] = (ops, edges)
+        return b
+
+    def __reduce__(self):
+        lists = self.__dict__.get("_lists")
+        if lists is None:  # pragma: no cover - a Block stops being one once built (_materialize)
+            return super().__reduce__()
+        return Block.of, lists
+
+    def __len__(self) -> int:
+        return len(self.__dict__["_lists"][0])
+
+    def _materialize(self) -> None:
+        ops, edges = self.__dict__.pop("_lists")
+        self.__class__ = nx.DiGraph         # from here on an ordinary graph, edited like any other
+        nx.DiGraph.__init__(self)
+        self.add_nodes_from((i, {"op": op}) for i, op in enumerate(ops))
+        self.add_edges_from((u, v, {"dep": dep}) for u, v, dep in edges)
+
+
+for _name in _NX_STATE:
+    setattr(Block, _name, _BuildOnUse(_name))
+
+
+def block_lists(g) -> tuple[list[Op], list[tuple[int, int, str]]] | None:
+    """(ops, edges) of a Block not yet turned into a graph; None for any other graph."""
+    return g.__dict__["_lists"] if type(g) is Block else None
+
+
+def block_ops(g) -> list[Op]:
+    """The ops of block graph `g` in node order (without building a Block's graph)."""
+    lists = block_lists(g)
+    return lists[0] if lists is not None else [op for _, op in g.nodes(data="op")]
+
+
+def content(g) -> tuple:
+    """What a block's replay reads: (node id, op) in node order and (u, v, sorted edge data) in
+    networkx's edge order; equal for a Block and the DiGraph it turns into (tested)."""
+    lists = block_lists(g)
+    if lists is None:
+        return (tuple(g.nodes(data="op")),
+                tuple((u, v, tuple(sorted(d.items()))) for u, v, d in g.edges(data=True)))
+    ops, edges = lists
+    return tuple(enumerate(ops)), tuple((u, v, (("dep", dep),)) for u, v, dep in edges)
+
+
+def chain_edges(ops: list[Op], data: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """The block's edges in networkx order: the data dependencies `data` (u, v) as added (duplicates
+    dropped), then STREAM edges between consecutive ops of each (rank, stream) not already linked
+    (as comet.graph.ir.chain_streams adds them), sorted by source, stable."""
+    seen = set(data)
+    edges = [(u, v, _DATA) for u, v in dict.fromkeys(data)]
+    last: dict = {}
+    for i, op in enumerate(ops):
+        key = (op.rank, op.stream)
+        u = last.get(key)
+        if u is not None and (u, i) not in seen:
+            edges.append((u, i, DepKind.STREAM))
+        last[key] = i
+    edges.sort(key=itemgetter(0))
+    return edges

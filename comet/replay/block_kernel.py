@@ -1,0 +1,549 @@
+"""The event engine (comet/replay/engine.py) and the exposure split (comet/replay/blocks.py) compiled
+with numba, over a block packed into arrays.
+
+Same semantics and the same float operations in the same order as the Python engine, which stays the
+reference (tests/replay/test_block_kernel.py: equal bit for bit on random graphs and on every block
+of every shipped model): events ordered by (time, priority, sequence), one op at a time per (rank,
+stream) taken in topological order, collectives starting when their last member arrives, compute
+re-timed while a transfer is in flight on its rank.
+
+A graph is packed once per block content (`pack`): one int64 array holding every structure the loop
+reads, one float array of edge delays; a replay then passes three arrays and a float to the
+compiled code (numba unboxes each argument on every call: few arguments, little overhead).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from comet.graph.ir import GroupKind, OpKind
+from comet.graph.block import block_lists
+from comet.replay.compile import CompiledGraph, compile_graph
+from comet.replay.kernels import HAVE_NUMBA, njit
+
+# Exposure categories (blocks.exposure_parts): compute, expansion-tier copies, then communication by
+# process group in the order exposed time is charged. PARTS: the parts dict's keys in its order.
+PARTS = ("compute", "exposed_tp", "exposed_cp", "exposed_ep", "exposed_dp", "exposed_pp", "offload")
+COMM_ORDER = (("exposed_tp", GroupKind.TP), ("exposed_tp", GroupKind.ETP), ("exposed_cp", GroupKind.CP),
+              ("exposed_ep", GroupKind.EP), ("exposed_dp", GroupKind.DP), ("exposed_dp", GroupKind.EDP),
+              ("exposed_pp", GroupKind.PP), ("exposed_dp", GroupKind.EMBEDDING))
+_COMPUTE, _MEMCPY, _FIRST_COMM = 0, 1, 2
+_CATEGORY = {kind: _FIRST_COMM + k for k, (_, kind) in enumerate(COMM_ORDER)}
+_PART_OF_COMM = np.array([PARTS.index(key) for key, _ in COMM_ORDER], dtype=np.int64)
+_OFFLOAD = PARTS.index("offload")
+_N_PARTS, _N_COMM = len(PARTS), len(COMM_ORDER)
+
+_HEADER = 6     # n, edges, groups, group members, resources, ranks
+_FINISH, _READY = 0, 1
+
+
+def pack(cg: CompiledGraph) -> tuple[np.ndarray, np.ndarray]:
+    """(structure, edge delays) of a compiled graph. structure: header, then per op resource, dense
+    rank, flags (1 compute, 2 communication), topological position, in-degree, exposure category
+    (-1: none), matched group (-1: none); successor offsets (n + 1) and indices in the graph's edge
+    order; group offsets and members."""
+    n = len(cg)
+    rank_of: dict = {}
+    rank = [rank_of.setdefault(r, len(rank_of)) for r in cg.rank]
+    flags = [int(c) | (2 * int(m)) for c, m in zip(cg.is_compute, cg.is_comm)]
+    group_of: dict = {}
+    group = [-1 if t is None else group_of.setdefault(id(t), (len(group_of), t))[0] for t in cg.match]
+    members = [m for _, t in group_of.values() for m in t]
+    group_ptr = np.cumsum([0] + [len(t) for _, t in group_of.values()]).tolist()
+    succ_idx = [v for s in cg.succs for v, _ in s]
+    succ_ptr = np.cumsum([0] + [len(s) for s in cg.succs]).tolist()
+    head = [n, len(succ_idx), len(group_of), len(members), len(cg.resources), len(rank_of)]
+    structure = np.array(head + cg.resource + rank + flags + cg.topo + [len(p) for p in cg.preds]
+                         + [_category(op) for op in cg.ops] + group + succ_ptr + succ_idx + group_ptr + members,
+                         dtype=np.int64)
+    return structure, np.array([d for s in cg.succs for _, d in s], dtype=np.float64)
+
+
+def pack_graph(g) -> tuple[np.ndarray, np.ndarray]:
+    """pack(compile_graph(g)), straight from the lists of a built block where it can."""
+    lists = block_lists(g)
+    packed = pack_block(*lists) if lists is not None else None
+    return packed if packed is not None else pack(compile_graph(g))
+
+
+def pack_block(ops: list, edges: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """pack(compile_graph(block)) from a built block's lists (graph/block.py) without the CompiledGraph:
+    its edges run forward, sorted by source, none delayed; None when ops are matched across streams
+    (comm_id), which pack() handles."""
+    n = len(ops)
+    res_of: dict = {}
+    rank_of: dict = {}
+    resource, rank, flags, cat = [], [], [], []
+    for op in ops:
+        if op.comm_id is not None:
+            return None
+        resource.append(res_of.setdefault((op.rank, op.stream), len(res_of)))
+        rank.append(rank_of.setdefault(op.rank, len(rank_of)))
+        f, c = _FLAGS_CATEGORY[op.kind, op.group_kind]
+        flags.append(f)
+        cat.append(c)
+    indeg = [0] * n
+    succ_end = [0] * (n + 1)          # edges are sorted by source: offsets from counts
+    for u, v, _ in edges:
+        indeg[v] += 1
+        succ_end[u + 1] += 1
+    for i in range(n):
+        succ_end[i + 1] += succ_end[i]
+    # perf: one list, one conversion (small numpy calls cost a microsecond each)
+    structure = np.array([n, len(edges), 0, 0, len(res_of), len(rank_of)] + resource + rank + flags
+                         + list(range(n)) + indeg + cat + [-1] * n + succ_end + [e[1] for e in edges] + [0],
+                         dtype=np.int64)
+    return structure, np.zeros(len(edges))
+
+
+def _category(op) -> int:
+    if op.kind is OpKind.COMPUTE:
+        return _COMPUTE
+    if op.kind is OpKind.MEMCPY:
+        return _MEMCPY
+    if op.is_comm:
+        return _CATEGORY.get(op.group_kind, -1)
+    return -1
+
+
+_COMM_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)
+# (flags, exposure category) of an op by (kind, group kind)
+_FLAGS_CATEGORY = {(kind, group): (int(kind is OpKind.COMPUTE) | 2 * int(kind in _COMM_KINDS),
+                                   _COMPUTE if kind is OpKind.COMPUTE else _MEMCPY if kind is OpKind.MEMCPY
+                                   else _CATEGORY.get(group, -1) if kind in _COMM_KINDS else -1)
+                   for kind in OpKind for group in (None, *GroupKind)}
+
+
+# ------------------------------------------------------------------------------------------ heaps
+# A heap is rows (key, priority, sequence, op, version) of a float array from row `base` on (all
+# integers here are far below 2**53), ordered by (key, priority, sequence). The event heap: key =
+# time, sequences unique. A resource's ready queue: key = topological position (unique).
+@njit(inline="always")
+def _before(h, a, b) -> bool:
+    if h[a, 0] != h[b, 0]:
+        return h[a, 0] < h[b, 0]
+    if h[a, 1] != h[b, 1]:
+        return h[a, 1] < h[b, 1]
+    return h[a, 2] < h[b, 2]
+
+
+@njit(inline="always")
+def _swap(h, a, b) -> None:
+    for c in range(5):
+        x = h[a, c]
+        h[a, c] = h[b, c]
+        h[b, c] = x
+
+
+@njit(nogil=True)
+def _push(h, base, size, key, prio, seq, i, v) -> int:
+    """Add a row to the heap of `size` rows at `base`; returns the new size."""
+    k = base + size
+    h[k, 0] = key
+    h[k, 1] = prio
+    h[k, 2] = seq
+    h[k, 3] = i
+    h[k, 4] = v
+    while k > base:
+        p = base + (k - base - 1) // 2
+        if not _before(h, k, p):
+            break
+        _swap(h, k, p)
+        k = p
+    return size + 1
+
+
+@njit(nogil=True)
+def _pop(h, base, size) -> int:
+    """Move the first row to row base + size - 1 (read it there); returns the new size."""
+    last = size - 1
+    _swap(h, base, base + last)
+    k = 0
+    while True:
+        a = 2 * k + 1
+        if a >= last:
+            break
+        c = a + 1 if a + 1 < last and _before(h, base + a + 1, base + a) else a
+        if not _before(h, base + c, base + k):
+            break
+        _swap(h, base + c, base + k)
+        k = c
+    return last
+
+
+# ------------------------------------------------------------------------------------ the engine
+@njit(cache=True, nogil=True)
+def replay_arrays(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, overlap_slowdown: float):
+    """Replay a packed graph: (start, end, arrive, binding, ops done, exposure parts in PARTS order,
+    makespan). Fewer ops done than the graph has: a deadlock (the caller raises)."""
+    return _replay(structure, delay, dur, overlap_slowdown)
+
+
+@njit(cache=True, nogil=True)
+def replay_summary(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, overlap_slowdown: float) -> np.ndarray:
+    """[ops done, makespan, exposure parts in PARTS order] of replay_arrays: what a block's timing
+    keeps (perf: numba boxes each returned array on every call; one instead of five)."""
+    _, _, _, _, done, parts, makespan = _replay(structure, delay, dur, overlap_slowdown)
+    out = np.empty(2 + parts.shape[0])
+    out[0] = done
+    out[1] = makespan
+    out[2:] = parts
+    return out
+
+
+@njit(nogil=True)
+def _replay(structure, delay, dur, overlap_slowdown):
+    n, n_edges, n_groups, n_members, n_res, n_ranks = (structure[0], structure[1], structure[2], structure[3],
+                                                       structure[4], structure[5])
+    o = _HEADER
+    resource = structure[o:o + n]
+    rank = structure[o + n:o + 2 * n]
+    flags = structure[o + 2 * n:o + 3 * n]
+    topo = structure[o + 3 * n:o + 4 * n]
+    indeg = structure[o + 4 * n:o + 5 * n].copy()
+    cat = structure[o + 5 * n:o + 6 * n]
+    group = structure[o + 6 * n:o + 7 * n]
+    o += 7 * n
+    succ_ptr = structure[o:o + n + 1]
+    succ_idx = structure[o + n + 1:o + n + 1 + n_edges]
+    o += n + 1 + n_edges
+    group_ptr = structure[o:o + n_groups + 1]
+    members = structure[o + n_groups + 1:o + n_groups + 1 + n_members]
+
+    ready_t = np.zeros(n)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    arrive = np.zeros(n)
+    binding = np.full(n, -1, dtype=np.int64)
+    version = np.zeros(n, dtype=np.int64)
+    # a running compute op (overlap slowdown): remaining work, rate, since, version
+    rem = np.zeros(n)
+    rate_of = np.zeros(n)
+    since = np.zeros(n)
+    ver = np.zeros(n, dtype=np.int64)
+    # per rank, the compute ops running, in the order they started (a doubly linked list)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    linked = np.zeros(n, dtype=np.bool_)
+    head = np.full(n_ranks, -1, dtype=np.int64)
+    tail = np.full(n_ranks, -1, dtype=np.int64)
+    comm_active = np.zeros(n_ranks, dtype=np.int64)
+    arrived = np.zeros(n_groups, dtype=np.int64)
+    busy = np.zeros(n_res, dtype=np.bool_)
+    last_on_res = np.full(n_res, -1, dtype=np.int64)
+    # ready queues: resource r's heap lives in q[lo[r]:lo[r+1]] (each op is queued once)
+    lo = np.zeros(n_res + 1, dtype=np.int64)
+    for i in range(n):
+        lo[resource[i] + 1] += 1
+    for r in range(n_res):
+        lo[r + 1] += lo[r]
+    q = np.empty((n, 5))
+    qsize = np.zeros(n_res, dtype=np.int64)
+    # events: n ready + n finish + one per running compute op at each of at most 2 re-timings per
+    # communication op (its rank's transfers going from none to some, and back)
+    compute_streams = np.zeros(n_ranks, dtype=np.int64)
+    seen_res = np.zeros(n_res, dtype=np.bool_)
+    n_comm = 0
+    for i in range(n):
+        if flags[i] & 2 != 0:
+            n_comm += 1
+        if flags[i] & 1 != 0 and not seen_res[resource[i]]:
+            seen_res[resource[i]] = True
+            compute_streams[rank[i]] += 1
+    most = 0
+    for r in range(n_ranks):
+        most = max(most, compute_streams[r])
+    ev = np.empty((2 * n + 2 * n_comm * most + 1, 5))
+    size = 0
+    seq = 0
+    slow = 1.0 / (1.0 + overlap_slowdown)
+
+    for i in range(n):
+        if indeg[i] == 0:
+            size = _push(ev, 0, size, 0.0, _READY, seq, i, 0)
+            seq += 1
+    done = 0
+    # pending work of try_start / begin_transfer / retime, run inline below (numba has no closures
+    # over mutable state): a resource to try, or a rank to re-time
+    while size > 0:
+        size = _pop(ev, 0, size)
+        t = ev[size, 0]
+        prio = int(ev[size, 1])
+        i = int(ev[size, 3])
+        v = int(ev[size, 4])
+        if prio == _READY:
+            res = resource[i]
+            qsize[res] = _push(q, lo[res], qsize[res], topo[i], 0, 0, i, 0)
+        else:
+            if v != version[i]:
+                continue   # a re-timed compute op: this finish time is stale
+            end[i] = t
+            done += 1
+            r = rank[i]
+            if linked[i]:    # a compute op running under the overlap slowdown
+                linked[i] = False
+                if prv[i] >= 0:
+                    nxt[prv[i]] = nxt[i]
+                else:
+                    head[r] = nxt[i]
+                if nxt[i] >= 0:
+                    prv[nxt[i]] = prv[i]
+                else:
+                    tail[r] = prv[i]
+            if flags[i] & 2 != 0:
+                comm_active[r] -= 1
+                if overlap_slowdown != 0.0 and comm_active[r] == 0:
+                    size, seq = _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slow,
+                                        ev, size, seq)
+            res = resource[i]
+            busy[res] = False
+            for e in range(succ_ptr[i], succ_ptr[i + 1]):
+                s = succ_idx[e]
+                rt = t + delay[e]
+                if rt >= ready_t[s]:
+                    ready_t[s] = rt
+                    binding[s] = i
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    size = _push(ev, 0, size, t if t > ready_t[s] else ready_t[s], _READY, seq, s, 0)
+                    seq += 1
+        # try_start(res, t)
+        if busy[res] or qsize[res] == 0:
+            continue
+        qsize[res] = _pop(q, lo[res], qsize[res])
+        i = int(q[lo[res] + qsize[res], 3])
+        busy[res] = True
+        arrive[i] = t
+        prev = last_on_res[res]
+        if prev >= 0 and end[prev] >= ready_t[i]:
+            binding[i] = prev
+        last_on_res[res] = i
+        g = group[i]
+        if g >= 0:
+            arrived[g] += 1
+            if arrived[g] == group_ptr[g + 1] - group_ptr[g]:
+                size, seq = _begin_transfer(members[group_ptr[g]:group_ptr[g + 1]], t, dur, arrive, topo, start,
+                                            binding, rank, comm_active, overlap_slowdown, head, nxt, rem, rate_of,
+                                            since, ver, version, slow, ev, size, seq, -1)
+            continue
+        start[i] = t
+        if flags[i] & 2 != 0:
+            size, seq = _begin_transfer(members[0:0], t, dur, arrive, topo, start, binding, rank, comm_active,
+                                        overlap_slowdown, head, nxt, rem, rate_of, since, ver, version, slow, ev,
+                                        size, seq, i)
+        elif flags[i] & 1 != 0 and overlap_slowdown != 0.0:
+            r = rank[i]
+            rate = slow if comm_active[r] != 0 else 1.0
+            rem[i] = dur[i]
+            rate_of[i] = rate
+            since[i] = t
+            ver[i] = 0
+            linked[i] = True
+            prv[i] = tail[r]
+            nxt[i] = -1
+            if tail[r] >= 0:
+                nxt[tail[r]] = i
+            else:
+                head[r] = i
+            tail[r] = i
+            size = _push(ev, 0, size, t + dur[i] / rate, _FINISH, seq, i, 0)
+            seq += 1
+        else:
+            size = _push(ev, 0, size, t + dur[i], _FINISH, seq, i, 0)
+            seq += 1
+    makespan = 0.0
+    for i in range(n):
+        if i == 0 or end[i] > makespan:
+            makespan = end[i]
+    parts = exposure(start, end, cat, makespan)
+    return start, end, arrive, binding, done, parts, makespan
+
+
+@njit(nogil=True)
+def _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slow, ev, size, seq):
+    """Rank r's running compute ops continue at the rate its transfers in flight allow from t."""
+    rate = slow if comm_active[r] != 0 else 1.0
+    i = head[r]
+    while i >= 0:
+        rem[i] -= (t - since[i]) * rate_of[i]
+        rate_of[i] = rate
+        since[i] = t
+        ver[i] += 1
+        version[i] = ver[i]
+        left = rem[i] if not (0.0 > rem[i]) else 0.0
+        size = _push(ev, 0, size, t + left / rate, _FINISH, seq, i, ver[i])
+        seq += 1
+        i = nxt[i]
+    return size, seq
+
+
+@njit(nogil=True)
+def _begin_transfer(members, t, dur, arrive, topo, start, binding, rank, comm_active, overlap_slowdown, head, nxt,
+                    rem, rate_of, since, ver, version, slow, ev, size, seq, single):
+    """Every member starts at t and ends after the longest member's duration; each rank involved
+    counts one more transfer in flight (in the order its first member is listed). `single`: an
+    unmatched communication op instead of `members`."""
+    k = members.shape[0] if single < 0 else 1
+    d = 0.0
+    last = -1
+    for j in range(k):
+        m = members[j] if single < 0 else single
+        if j == 0 or dur[m] > d:
+            d = dur[m]
+        if j == 0 or arrive[m] > arrive[last] or (arrive[m] == arrive[last] and topo[m] > topo[last]):
+            last = m
+    for j in range(k):
+        m = members[j] if single < 0 else single
+        start[m] = t
+        if m != last:
+            binding[m] = last
+        size = _push(ev, 0, size, t + d, _FINISH, seq, m, 0)
+        seq += 1
+    for j in range(k):
+        m = members[j] if single < 0 else single
+        r = rank[m]
+        first = True
+        for jj in range(j):
+            if rank[members[jj]] == r:
+                first = False
+                break
+        if not first:
+            continue
+        comm_active[r] += 1
+        if overlap_slowdown != 0.0 and comm_active[r] == 1:
+            size, seq = _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slow, ev, size, seq)
+    return size, seq
+
+
+# -------------------------------------------------------------------------------- exposure split
+# Interval lists are (starts, ends, count) in preallocated buffers. A union of intervals is kept as
+# blocks._measure returns it: disjoint, in order, touching intervals joined, empty ones dropped; that
+# form is unique, so building it by merging sorted lists gives the same floats as sorting their
+# concatenation, and lengths are summed left to right as there.
+@njit(nogil=True)
+def _by_span(start, end):
+    """Op indices ordered by (start, end): a bottom-up merge sort."""
+    n = start.shape[0]
+    a = np.arange(n)
+    b = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if j < hi and (i >= mid or start[a[j]] < start[a[i]]
+                               or (start[a[j]] == start[a[i]] and end[a[j]] < end[a[i]])):
+                    b[k] = a[j]
+                    j += 1
+                else:
+                    b[k] = a[i]
+                    i += 1
+        a, b = b, a
+        width *= 2
+    return a
+
+
+@njit(nogil=True)
+def _add_interval(oa, ob, m, x, y) -> int:
+    """Append [x, y) to the union (oa, ob, m) whose intervals start no later than x (blocks._measure)."""
+    if y <= x:
+        return m
+    if m > 0 and x <= ob[m - 1]:
+        if y > ob[m - 1]:
+            ob[m - 1] = y
+        return m
+    oa[m] = x
+    ob[m] = y
+    return m + 1
+
+
+@njit(nogil=True)
+def _union_of(order, start, end, cat, want, oa, ob) -> int:
+    """The union of the spans of the ops of category `want`."""
+    m = 0
+    for i in order:
+        if cat[i] == want:
+            m = _add_interval(oa, ob, m, start[i], end[i])
+    return m
+
+
+@njit(nogil=True)
+def _union(a, b, ma, c, d, mc, oa, ob) -> int:
+    """The union of two unions, merged in order of start."""
+    i = j = m = 0
+    while i < ma or j < mc:
+        if j >= mc or (i < ma and a[i] <= c[j]):
+            m = _add_interval(oa, ob, m, a[i], b[i])
+            i += 1
+        else:
+            m = _add_interval(oa, ob, m, c[j], d[j])
+            j += 1
+    return m
+
+
+@njit(nogil=True)
+def _subtract(a, b, ma, ca, cb, mc, oa, ob) -> int:
+    """Parts of union (a, b) not covered by union (ca, cb) (blocks._subtract)."""
+    m = 0
+    for j in range(ma):
+        cur = a[j]
+        hi = b[j]
+        for c in range(mc):
+            if cb[c] <= cur or ca[c] >= hi:
+                continue
+            if ca[c] > cur:
+                oa[m] = cur
+                ob[m] = ca[c]
+                m += 1
+            if cb[c] > cur:
+                cur = cb[c]
+        if cur < hi:
+            oa[m] = cur
+            ob[m] = hi
+            m += 1
+    return m
+
+
+@njit(nogil=True)
+def _length(a, b, m) -> float:
+    total = 0.0
+    for j in range(m):
+        total += b[j] - a[j]
+    return total
+
+
+@njit(nogil=True)
+def exposure(start, end, cat, makespan):
+    """blocks.exposure_parts on arrays: compute busy time, then communication not hidden behind
+    compute (charged in COMM_ORDER), then copies hidden by neither; idle time inside the block counts
+    as compute. Returns the values in PARTS order."""
+    n = start.shape[0]
+    order = _by_span(start, end)
+    size = 2 * n + 1
+    ca, cb = np.empty(size), np.empty(size)       # covered so far
+    ma, mb = np.empty(size), np.empty(size)       # one category's spans
+    ea, eb = np.empty(size), np.empty(size)       # their exposed part
+    ta, tb = np.empty(size), np.empty(size)       # the next covered
+    parts = np.zeros(_N_PARTS)
+    mc = _union_of(order, start, end, cat, _COMPUTE, ca, cb)
+    parts[0] = _length(ca, cb, mc)
+    for k in range(_N_COMM):
+        mm = _union_of(order, start, end, cat, _FIRST_COMM + k, ma, mb)
+        if mm == 0:
+            continue        # nothing exposed, nothing newly covered
+        me = _subtract(ma, mb, mm, ca, cb, mc, ea, eb)
+        parts[_PART_OF_COMM[k]] += _length(ea, eb, me)
+        mc = _union(ca, cb, mc, ea, eb, me, ta, tb)
+        ca, cb, ta, tb = ta, tb, ca, cb
+    mo = _union_of(order, start, end, cat, _MEMCPY, ma, mb)
+    me = _subtract(ma, mb, mo, ca, cb, mc, ea, eb)
+    parts[_OFFLOAD] = _length(ea, eb, me)
+    mc = _union(ca, cb, mc, ma, mb, mo, ta, tb)
+    idle = makespan - _length(ta, tb, mc)
+    parts[0] += idle if idle > 0.0 else 0.0
+    return parts
+
+
+__all__ = ["HAVE_NUMBA", "PARTS", "exposure", "pack", "pack_block", "pack_graph", "replay_arrays", "replay_summary"]

@@ -1,0 +1,73 @@
+"""A built Block is the DiGraph the builder used to build (nodes, edges and their data, in order),
+built only on first use, and an ordinary graph from then on."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import networkx as nx
+import pytest
+
+from comet.config.parallel import ParallelConfig, Recompute
+from comet.graph.block import Block, block_lists, block_ops, chain_edges, content
+from comet.graph.ir import DepKind, Op, OpKind, chain_streams, new_graph
+from comet.workload.builder import build_blocks
+
+
+def _reference(block: Block) -> nx.DiGraph:
+    """The graph as built before blocks kept lists: nodes and data edges in insertion order, then
+    comet.graph.ir.chain_streams."""
+    ops, edges = block_lists(block)
+    g = new_graph()
+    for i, op in enumerate(ops):
+        g.add_node(i, op=op)
+    for u, v, dep in sorted(((u, v, dep) for u, v, dep in edges if dep == "data"), key=lambda e: e[1]):
+        g.add_edge(u, v, dep="data")
+    return chain_streams(g)
+
+
+@pytest.fixture
+def blocks(tiny_model):
+    par = ParallelConfig(tp=2, cp=2, gpus=8, global_batch=8, zero=3, recompute=Recompute.FULL,
+                         overlap_tp_comm=True).resolve(tiny_model)
+    return build_blocks(tiny_model, par)
+
+
+def test_a_block_is_the_graph_the_builder_built(blocks):
+    for key, b in blocks.items():
+        ref = _reference(b)
+        assert content(b) == content(ref), key
+        assert len(b) == len(ref)
+        assert [op for _, op in ref.nodes(data="op")] == block_ops(b)
+        assert type(b) is Block                      # nothing above built the graph
+        assert list(b.edges(data=True)) == list(ref.edges(data=True)), key
+        assert type(b) is nx.DiGraph and block_lists(b) is None
+        assert list(b.nodes(data=True)) == list(ref.nodes(data=True))
+        assert content(b) == content(ref)
+
+
+def test_edges_follow_networkx_order_with_stream_edges_after_data_edges():
+    ops = [Op("a", OpKind.COMPUTE), Op("b", OpKind.COMPUTE), Op("c", OpKind.COMPUTE)]
+    # a -> c by data; a -> b and b -> c by stream order: a's data edge first, as networkx lists a's edges
+    assert chain_edges(ops, [(0, 2)]) == [(0, 2, "data"), (0, 1, DepKind.STREAM), (1, 2, DepKind.STREAM)]
+    # a data edge between stream neighbours is not doubled by a stream edge
+    assert chain_edges(ops, [(0, 1), (0, 1)]) == [(0, 1, "data"), (1, 2, DepKind.STREAM)]
+
+
+def test_a_block_pickles_and_copies_as_a_block(blocks):
+    b = blocks["layer.fwd"]
+    for twin in (pickle.loads(pickle.dumps(b)), copy.deepcopy(b), copy.copy(b)):
+        assert type(twin) is Block and content(twin) == content(b)
+    assert type(b) is Block
+
+
+def test_networkx_copies_are_plain_graphs_and_edits_are_seen(blocks):
+    b = blocks["layer.bwd"]
+    before = content(b)
+    c = b.copy()
+    assert type(c) is nx.DiGraph and content(c) == before
+    b.add_node("host", op=Op("host", OpKind.CPU))     # an edit builds the graph first, then applies
+    assert type(b) is nx.DiGraph and "host" in b
+    assert content(b) != before and block_lists(b) is None
+    assert Block() is not None and type(Block()) is nx.DiGraph
