@@ -39,9 +39,7 @@ def crosses_nic(size: int, stride: int, cluster: ClusterSpec) -> bool:
     """A group of `size` ranks `stride` apart leaves the innermost (scale-up) domain."""
     if size <= 1 or len(cluster.network) < 2:
         return False
-    # perf: a block's ops ask for a few (size, stride) pairs over and over; group_span reads the network only
-    return cache.network.get_or(("crosses NIC", size, stride, cache.network_key(cluster)),
-                                lambda: group_span(size, stride, cluster.network)[0] < size)
+    return group_span(size, stride, cluster.network)[0] < size
 
 
 def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
