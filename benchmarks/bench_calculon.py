@@ -11,11 +11,8 @@ candidate (medians; ratios, not absolute times, are stable on a shared machine).
   driver calls): dp (2048 / 4096 / 8192 GPUs), global batch and scale-out bandwidth vary; each
   candidate is new to both tools, while the blocks were seen on other candidates (a warm-up pass with
   another global batch).
-- study_gpt3_1t_serial_candidates_per_s: `comet search search_spaces/gpt3_1t.yaml --executor serial` in
-  a fresh process and results folder: replayed candidates / wall seconds, start-up and writing included;
-  then the same with `--executor ray --workers 2`: its rate over serial with everything included, without
-  start-up (Ray's own start is seconds), and over the evaluation phase alone, with each run's wall split.
 
+The gpt3_1t study's rates: benchmarks/bench_study.py.
 Calculon is ../shared/peers/calculon, unmodified (not a dependency: on sys.path here only; it needs psutil).
 """
 
@@ -25,13 +22,10 @@ import copy
 import itertools
 import logging
 import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,80 +153,3 @@ def test_bench_comet_over_calculon():
     print(f"BENCH step_time_s comet {comet_step:.3f} calculon {calc_step:.3f}")
     print(f"BENCH calculon_loadavg_1min_after {os.getloadavg()[0]:.2f} processes")
     assert comet_step > 0 and calc_step > 0
-
-
-@pytest.mark.bench
-def test_bench_study_gpt3_1t():
-    """The gpt3_1t study, serial then Ray with 2 workers, each in a fresh process and results folder."""
-    print(f"\nBENCH study_loadavg_1min_before {os.getloadavg()[0]:.2f} processes")
-    serial, ray2 = _study_run(), _study_run("ray", workers=2)
-    _print_study(serial, ray2)
-    print(f"BENCH study_loadavg_1min_after {os.getloadavg()[0]:.2f} processes")
-    assert serial.evaluated == ray2.evaluated > 0
-
-
-@dataclass
-class StudyRun:
-    """One `comet search` of the gpt3_1t space in a fresh process: wall and CPU seconds of the process,
-    and the driver's own split read from summary.md's run line (comet/search/driver.py: start-up =
-    context, executor start and candidate listing; writing = journal, tables, plots, timelines)."""
-    executor: str
-    evaluated: int
-    wall_s: float
-    cpu_s: float
-    phases: dict
-
-    @property
-    def rate(self) -> float:
-        """Replayed candidates per wall second, start-up and writing included."""
-        return self.evaluated / self.wall_s
-
-    @property
-    def start_up_s(self) -> float:
-        """Everything but evaluation and writing: interpreter, imports and the driver's start-up (context,
-        executor start, candidate listing), and after the driver's clock stops summary.md, the printed
-        table and any part of Ray's shut-down not hidden behind the writing."""
-        return self.wall_s - self.phases["evaluation"] - self.phases["writing"]
-
-
-def _study_run(executor: str = "serial", workers: int | None = None) -> StudyRun:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "comet", "search", str(ROOT / "search_spaces" / "gpt3_1t.yaml"),
-               "--executor", executor, "--out", str(Path(tmp) / "study")]
-        if workers:
-            cmd += ["--workers", str(workers)]
-        t0, c0 = time.perf_counter(), _children_cpu()
-        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
-        summary = (Path(tmp) / "study" / "summary.md").read_text()
-    evaluated = int(re.search(r"(\d+) candidates evaluated now", summary).group(1))
-    phases = {k: float(v) for k, v in re.findall(r"(start-up|evaluation|writing) ([\d.]+) s", summary)}
-    return StudyRun(executor, evaluated, wall, cpu, phases)
-
-
-def _print_study(serial: StudyRun, ray2: StudyRun) -> None:
-    print(f"BENCH study_gpt3_1t_serial_candidates {serial.evaluated}")
-    print(f"BENCH study_gpt3_1t_serial_wall_s {serial.wall_s:.2f} s")
-    print(f"BENCH study_gpt3_1t_serial_candidates_per_s {serial.rate:.0f} candidates/s/core")
-    print(f"BENCH study_gpt3_1t_serial_cpu_s {serial.cpu_s:.2f} s (candidates per CPU second: "
-          f"{serial.evaluated / serial.cpu_s:.0f})")
-    for run in (serial, ray2):
-        name = "serial" if run.executor == "serial" else "ray2"
-        print(f"BENCH study_gpt3_1t_{name}_split start-up and exit {run.start_up_s:.2f} s (driver start-up "
-              f"{run.phases['start-up']:.2f} s), evaluation {run.phases['evaluation']:.2f} s, writing "
-              f"{run.phases['writing']:.2f} s")
-    print(f"BENCH study_gpt3_1t_ray2_wall_s {ray2.wall_s:.2f} s")
-    print(f"BENCH study_gpt3_1t_ray2_candidates_per_s {ray2.rate:.0f} candidates/s")
-    print(f"BENCH study_gpt3_1t_ray2_over_serial {ray2.rate / serial.rate:.2f} x")
-    # without start-up: wall from the first evaluation to the end (Ray's own start is seconds, paid once)
-    no_start = (serial.wall_s - serial.start_up_s) / (ray2.wall_s - ray2.start_up_s)
-    print(f"BENCH study_gpt3_1t_ray2_over_serial_without_start_up {no_start:.2f} x")
-    print(f"BENCH study_gpt3_1t_ray2_over_serial_evaluation_only "
-          f"{serial.phases['evaluation'] / ray2.phases['evaluation']:.2f} x")
-
-
-def _children_cpu() -> float:
-    import resource
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-

@@ -35,7 +35,8 @@ def _moves(par: ParallelConfig, cluster: ClusterSpec) -> list[tuple[str, dict]]:
     if par.recompute is not Recompute.FULL:
         moves.append(("recompute full", {"recompute": Recompute.FULL}))
     for stage in range(par.zero + 1, 4):
-        moves.append((f"zero {par.zero} -> {stage}", {"zero": stage}))
+        # FSDP's ZeRO-3 is FULL_SHARD: SHARD_GRAD_OP (a ZeRO-2 mode) does not carry over
+        moves.append((f"zero {par.zero} -> {stage}", {"zero": stage} | ({"shard_grad_op": False} if par.shard_grad_op else {})))
     if par.micro_batch > 1:
         moves.append((f"micro_batch {par.micro_batch} -> 1", {"micro_batch": 1}))
     if cluster.memory_expansion is not None:

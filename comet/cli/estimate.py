@@ -48,9 +48,17 @@ def register(sub) -> None:
     p.add_argument("--overlap-p2p-comm", action="store_const", const=True,
                    help="interleaved pipeline sends overlap compute (Megatron overlap_p2p_comm)")
     p.add_argument("--grad-dtype", choices=["fp32", "bf16"], help="gradient reduce dtype (default fp32)")
+    p.add_argument("--reduce-dtype", choices=["fp32", "bf16", "fp16"],
+                   help="dtype of the data-parallel gradient reduction where it differs from --grad-dtype "
+                        "(FSDP MixedPrecision.reduce_dtype; docs/fsdp.md)")
     p.add_argument("--dp-collective", choices=["hierarchical", "flat"],
                    help="ZeRO-3 gathers / reduce-scatters: hierarchical NCCL rings over all NICs (default) or "
                         "flat, one ring at one NIC per GPU (DeepSpeed 2021)")
+    p.add_argument("--fsdp", action="store_const", const=True,
+                   help="PyTorch FSDP-style sharding for zero >= 2 (per-module gathers; with pp > 1 as well)")
+    p.add_argument("--shard-grad-op", action="store_const", const=True,
+                   help="with --fsdp --zero 2: FSDP SHARD_GRAD_OP, weights gathered per module before each "
+                        "forward, gradients reduce-scattered per module after its backward (docs/fsdp.md)")
     p.add_argument("--ep", type=positive_int, help="expert parallel size (MoE models; default 1)")
     p.add_argument("--etp", type=positive_int, help="expert tensor parallel size (MoE; default tp)")
     p.add_argument("--moe-dispatcher", choices=[x.value for x in Dispatcher], help="token dispatcher (default alltoall)")

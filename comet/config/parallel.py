@@ -43,6 +43,10 @@ class OffloadTarget(str, enum.Enum):
     ACTIVATIONS = "activations"   # saved activations offloaded between forward and backward
 
 
+# Gradient bytes on the wire per reduce dtype. Megatron's default is fp32 (arguments.py: bf16 implies
+# accumulate_allreduce_grads_in_fp32); NeMo recipes reduce in bf16.
+REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
 # Gradient-accumulation steps per optimizer step. Published runs use ~10^3 (Llama 3 405B: 16M-token
 # batches of 8,192-token sequences = 2,048 sequences; Dubey et al. 2024, Table 4); 65,536 is 30x that
 # and bounds the replay's memory, which grows linearly with the micro-batch count.
@@ -83,12 +87,22 @@ class ParallelConfig:
     moe_overlap_a2a: bool = False                             # dispatch/combine hidden by the other micro-batch's
                                                               # compute [--overlap-moe-expert-parallel-comm, DeepEP]
     grad_dtype: str = "fp32"                   # gradients accumulated / reduced in: fp32 (Megatron default) or bf16
+    # dtype of the data-parallel gradient reduction where it differs from grad_dtype (None: the same):
+    # PyTorch FSDP MixedPrecision.reduce_dtype (Composer PURE: bf16, DEFAULT: fp32), DeepSpeed
+    # communication_data_type (default: the model's fp16 / bf16) while its fp32 gradient partitions stay
+    reduce_dtype: str | None = None
     fp8_impl: str = "te"                       # te: Transformer Engine (FP8 weight caches, FP8 saved inputs);
                                                # torchao: Float8Linear casts on the fly, saves BF16 inputs
     fp8_params: bool = False                   # FP8 weights only (TE fp8_model_init): no BF16 weight copy
     optimizer_dtype: str = "fp32"              # Adam master weights + moments: fp32, or bf16 (NeMo optim.dtype)
     dropout: bool = True                       # dropout > 0 (masks saved); Llama / Nemotron / MLPerf GPT-3 use 0
     fsdp: bool = False                         # PyTorch FSDP-style sharding (per-module gathers) for zero >= 2
+    # ZeRO-2 as PyTorch FSDP's SHARD_GRAD_OP (FSDP2: reshard_after_forward=False) issues it: each module's
+    # weights all-gathered before its forward in every micro-batch, kept through its backward, its
+    # gradients reduce-scattered right after (torch FullyShardedDataParallel ShardingStrategy docs).
+    # False: ZeRO-1/2 in step-level buckets (Megatron distributed optimizer; Llama 3's FSDP keeps the
+    # weights gathered across micro-batches).
+    shard_grad_op: bool = False
     # How the per-layer ZeRO-3 gathers / reduce-scatters cross nodes: hierarchical (NCCL rings over all
     # NICs of a node, the default) or flat (one ring over the whole DP group at one NIC per GPU, as
     # DeepSpeed-2021 ZeRO-3; ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3"; comet.hardware.network).
@@ -129,6 +143,17 @@ class ParallelConfig:
     def expert_dp(self) -> int:
         """Data-parallel degree of the expert weights: the stage's tp*cp*dp ranks over etp*ep."""
         return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element on the wire of the data-parallel reduction."""
+        return REDUCE_BYTES[self.reduce_dtype or self.grad_dtype]
+
+    @property
+    def per_module_dp_collectives(self) -> bool:
+        """The layer blocks carry the data-parallel weight gathers / gradient reduce-scatters (ZeRO-3,
+        FSDP SHARD_GRAD_OP) rather than the stage's step-level buckets."""
+        return self.zero >= 3 or self.shard_grad_op
 
     @property
     def world(self) -> int:
@@ -194,6 +219,8 @@ class ParallelConfig:
              f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
         rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
         rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+        rule(self.reduce_dtype in (None, *REDUCE_BYTES), "reduce_dtype",
+             f"must be one of {', '.join(REDUCE_BYTES)} or unset, got {self.reduce_dtype!r}")
         rule(self.optimizer_dtype in ("fp32", "bf16"), "optimizer_dtype",
              f"must be fp32 or bf16, got {self.optimizer_dtype!r}")
         rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
@@ -207,6 +234,8 @@ class ParallelConfig:
              f"FP8 weights need precision fp8, got {self.precision.value}")
         # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per
         # micro-batch, weights kept gathered); Megatron's distributed optimizer cannot.
+        rule(not self.shard_grad_op or (self.fsdp and self.zero == 2), "shard_grad_op",
+             f"is FSDP's ZeRO-2: needs fsdp and zero 2, got fsdp={self.fsdp} zero={self.zero}")
         rule(not (self.zero >= 2 and self.pp > 1) or self.fsdp, "zero",
              f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
              "accumulate across micro-batches; use zero <= 1 with pp > 1")
@@ -246,5 +275,7 @@ class ParallelConfig:
             parts.append(f"{self.dp_collective}-dp")
         if self.optimizer_dtype != "fp32":
             parts.append(f"{self.optimizer_dtype}-optim")
+        if self.shard_grad_op:
+            parts.append("shard-grad-op")
         parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
         return "-".join(parts)

@@ -216,10 +216,11 @@ def timing_key(cluster) -> tuple[str, str]:
 def block_config(par):
     """The parallel configuration with what only the pipeline plan and stage sync read blanked out:
     the global batch (micro-batch count), the GPU count, the pipeline shape (pp, vpp, schedule) and,
-    below ZeRO-3, dp (layer blocks hold DP collectives only under ZeRO-3; comet/workload/layers.py).
+    below ZeRO-3, dp (layer blocks hold DP collectives only under ZeRO-3 and FSDP SHARD_GRAD_OP;
+    comet/workload/layers.py).
     Candidates of a search that differ in these share their blocks. tests/replay/test_cache.py checks on random configurations that equal
     keys build equal blocks, so a builder that starts to read one of these fields fails it."""
-    return replace(par, global_batch=1, gpus=None, dp=par.dp if par.zero >= 3 else None, pp=1, vpp=1,
+    return replace(par, global_batch=1, gpus=None, dp=par.dp if par.per_module_dp_collectives else None, pp=1, vpp=1,
                    schedule=None)
 
 

@@ -75,6 +75,7 @@ class CandidateFactory:
         self._resolved: dict = {}
         self._prechecked: dict = {}
         self._precheck = _precheck_fn(ctx) if space.constraints.memory_fit else None
+        self._sections: dict[tuple, list] = {}   # axis names -> [("cluster", "hbm_GB"), ...]
 
     def make(self, values: dict[str, Any], number: int) -> Candidate | Pruned:
         self.stats.proposed += 1
@@ -93,8 +94,17 @@ class CandidateFactory:
         return True
 
     def _make(self, values: dict, number: int, params: tuple) -> Candidate | Pruned:
-        prov = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("cluster.")}
-        par = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("parallel.")}
+        names = tuple(values)
+        sections = self._sections.get(names)
+        if sections is None:    # perf: the axis names are split once per study, not once per candidate
+            sections = self._sections[names] = [_section(name) for name in names]
+        prov: dict = {}
+        par: dict = {}
+        for (section, short), v in zip(sections, values.values()):
+            if section == "cluster":
+                prov[short] = v
+            elif section == "parallel":
+                par[short] = v
         gpus = prov.pop("gpus", None)
         if par.get("schedule") == "interleaved_1f1b" and par.get("vpp", 1) == 1:
             par["schedule"] = "1f1b"   # one virtual stage: Megatron runs the plain 1F1B schedule
@@ -140,13 +150,19 @@ class CandidateFactory:
         return self._resolved[memo]
 
 
+def _section(name: str) -> tuple[str, str]:
+    """("cluster", "hbm_GB") of "cluster.hbm_GB"; ("", name) for a name outside both sections."""
+    section, dot, short = name.partition(".")
+    return (section, short) if dot and section in ("cluster", "parallel") else ("", name)
+
+
 # ----------------------------------------------------------------------------- proposal methods
 
 def grid_values(space: SearchSpace) -> Iterator[dict[str, Any]]:
     """Every combination of the grid axes, provisioning outermost (so resolve/precheck memos hit)."""
-    axes = space.axes
-    for combo in itertools.product(*(a.values for a in axes)):
-        yield {a.name: v for a, v in zip(axes, combo)}
+    names = [a.name for a in space.axes]
+    for combo in itertools.product(*(a.values for a in space.axes)):
+        yield dict(zip(names, combo))
 
 
 def grid(space: SearchSpace, factory: CandidateFactory) -> Iterator[Candidate]:

@@ -158,11 +158,19 @@ def _parallel_forms(parallel: ParallelConfig) -> tuple[ParallelConfig, dict, str
     return hit
 
 
+_provision_json: dict = {}
+
+
 def candidate_key(fingerprint: str, parallel: ParallelConfig, provision: tuple) -> str:
     # the text of json.dumps({"ctx": ..., "parallel": ..., "provision": ...}, sort_keys=True, default=str),
-    # assembled from the configuration's memoized JSON (test_candidates pins the equality)
-    blob = (f'{{"ctx": {json.dumps(fingerprint)}, "parallel": {_parallel_forms(parallel)[2]}, '
-            f'"provision": {json.dumps(list(provision), sort_keys=True, default=str)}}}')
+    # assembled from the configuration's memoized JSON and the provisioning's, memoized too: a study has a
+    # few dozen of each (test_candidates pins the equality)
+    prov = _provision_json.get(provision)
+    if prov is None:
+        if len(_provision_json) >= 4096:
+            _provision_json.clear()
+        prov = _provision_json[provision] = json.dumps(list(provision), sort_keys=True, default=str)
+    blob = f'{{"ctx": {json.dumps(fingerprint)}, "parallel": {_parallel_forms(parallel)[2]}, "provision": {prov}}}'
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

@@ -25,6 +25,7 @@ from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, 
 from comet.search.context import (Candidate, EvalContext, cluster_axes, context_fingerprint, engine_fingerprint,
                                   evaluate_candidate, parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
+from comet.search.front import merge_equivalent
 from comet.search.lock import ResultsLock
 from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace, grid_size
 
@@ -75,6 +76,7 @@ class StudyOutcome:
     base_note: str = ""          # how the base was grounded (e.g. per-class factors from a profiler trace)
     where: str = ""              # where it ran: private local Ray, a cluster address, or this process
     phases: dict = field(default_factory=dict)   # wall seconds: start-up, evaluation, writing (before summary.md)
+    merged: pd.DataFrame | None = None   # the front with equivalent designs merged (summary.md and the CLI table)
 
 
 # ----------------------------------------------------------------------------- context
@@ -405,7 +407,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
                            resumed=state.resumed, errors=errors, interrupted=interrupted, wall_s=wall_s,
                            budget_stop=state.budget_stop, files=files,
                            base_note=_calibration(ctx.base).line() if _calibration(ctx.base) else "", where=where,
-                           phases=phases)
+                           phases=phases, merged=merge_equivalent(front, space))
     files.append(summary.write_summary(outcome, space, ctx, out))
     return outcome
 

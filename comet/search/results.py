@@ -33,7 +33,7 @@ class Journal:
     flushes after every finished chunk, so a kill -9 loses at most the chunk in hand, which the resume
     evaluates again). While a run is going the lines go to journal.jsonl; at its end (also after Ctrl-C)
     `compact` folds them into journal.jsonl.gz (written beside and renamed, so a kill leaves either file
-    whole): a flagship study's journal is ~15 MB as text, ~1.5 MB compressed. Loading reads both."""
+    whole): a flagship study's journal is ~15 MB as text, ~2 MB compressed. Loading reads both."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -112,7 +112,8 @@ class Journal:
             data = "".join(json.dumps(rec, default=_json_default, allow_nan=True) + "\n"
                            for rec in self.load().values()).encode()
         tmp = self.gz.with_name(self.gz.name + ".tmp")
-        tmp.write_bytes(gzip.compress(data, compresslevel=6, mtime=0))
+        # perf: level 3, half the time of 6 (gpt3_1t: 14 MB of JSON in 0.07 s, 2.0 MB instead of 1.5 MB)
+        tmp.write_bytes(gzip.compress(data, compresslevel=3, mtime=0))
         os.replace(tmp, self.gz)
         self.path.unlink()
         self._only_mine, self._keys = None, set()
@@ -234,9 +235,18 @@ def pareto_rows(df: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
 def write_tables(df: pd.DataFrame, front: pd.DataFrame, out: Path) -> list[Path]:
     """candidates.parquet (the table), candidates.csv.gz (the same for spreadsheets: pandas and most tools
     read it compressed; 8 MB as plain text for a flagship study) and pareto.csv."""
+    import pyarrow as pa
+    import pyarrow.csv
+    import pyarrow.parquet
+
     paths = [out / "candidates.parquet", out / "candidates.csv.gz", out / "pareto.csv"]
-    df.to_parquet(paths[0], index=False)
-    df.to_csv(paths[1], index=False, compression={"method": "gzip", "compresslevel": 6, "mtime": 0})
+    # perf: one Arrow table for both files; Arrow's CSV writer is ~10x faster than pandas' (gpt3_1t: 0.04 s
+    # against 0.32 s). Its dialect: strings quoted, booleans true/false, floats in shortest form (80, not 80.0)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    pyarrow.parquet.write_table(table, paths[0])
+    sink = pa.BufferOutputStream()
+    pyarrow.csv.write_csv(table, sink)
+    paths[1].write_bytes(gzip.compress(sink.getvalue().to_pybytes(), compresslevel=3, mtime=0))
     front.to_csv(paths[2], index=False)
     (out / "candidates.csv").unlink(missing_ok=True)   # the plain copy an earlier version wrote
     return paths

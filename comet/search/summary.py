@@ -92,7 +92,9 @@ class Report:
 
 def write_summary(outcome, space: SearchSpace, ctx, out: Path) -> Path:
     df = outcome.frame
-    report = Report(outcome, space, ctx, df, outcome.front, merge_equivalent(outcome.front, space),
+    merged = getattr(outcome, "merged", None)
+    report = Report(outcome, space, ctx, df, outcome.front,
+                    merged if merged is not None else merge_equivalent(outcome.front, space),
                     analysis.cluster_columns(df) if not df.empty else [])
     lines: list[str] = []
     for section in SECTIONS:

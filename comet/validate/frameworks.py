@@ -25,7 +25,11 @@ Sources of the defaults:
   Its loss is compiled with the model (--training.compile) since 0.1.0 and ran eagerly before (`loss_impl`).
 - llm-foundry (scripts/train/benchmarking yamls): PyTorch FSDP FULL_SHARD, `forward_prefetch` off (the
   FSDP default), bf16, flash attention (`attn_impl: flash`, the flash-attn 2 package: fa2), no vocab padding
-  (MPT configs already pad to 50368).
+  (MPT configs already pad to 50368). Composer (mosaicml 0.17.0 composer/trainer/dist_strategy.py) sets
+  forward_prefetch False, backward_prefetch BACKWARD_POST, limit_all_gathers True; its `mixed_precision`
+  modes (composer/trainer/mosaic_fsdp_utils.py get_mixed_precision) gather the weights in the autocast
+  dtype (bf16) in DEFAULT and PURE alike (no fp32 all-gathers) and reduce in fp32 (DEFAULT) or bf16 (PURE,
+  the llm-foundry yamls' fsdp_config). ZeRO 2 there is FSDP SHARD_GRAD_OP (`shard_grad_op`; docs/fsdp.md).
 - MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash;
   `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
 - torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
@@ -77,6 +81,7 @@ class FrameworkDefaults:
     overlap_tp_comm: bool = False
     overlap_p2p_comm: bool = True            # Megatron-LM arguments.py: on unless --no-overlap-p2p-communication
     grad_dtype: str = "fp32"                 # dtype gradients are accumulated and reduced in
+    reduce_dtype: str | None = None          # the DP reduction's dtype where it differs (ParallelConfig)
     vocab_pad_to: int = 128                  # Megatron make_vocab_size_divisible_by; 1 = none
     flops_formula: str = "megatron_model"    # how its TFLOP/s / MFU figures count FLOPs
     fp8_recipe: str = "delayed"
@@ -84,6 +89,7 @@ class FrameworkDefaults:
     selective_policy: str = "attention"     # what `recompute: selective` keeps (ParallelConfig.SelectivePolicy)
     attention_kernel: str = "fused"          # TE / cuDNN fused attention; fa2: PyTorch SDPA / flash-attn 2
     dp_collective: str = "hierarchical"      # ZeRO-3 DP collectives: hierarchical or flat (ParallelConfig)
+    shard_grad_op: bool = False              # ZeRO 2 under FSDP is PyTorch's SHARD_GRAD_OP (per-module gathers)
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     loss_impl: str = "fused"                 # cross-entropy memory: fused (in place / compiled) or eager
     fsdp_impl: str = "torch"                 # a stated fsdp: PyTorch FSDP (torch) or Megatron-FSDP (megatron)
@@ -123,23 +129,34 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
     # Megatron-Bridge runs Megatron-Core's optimizer, whose precision-aware variant keeps FP32 master
     # weights (a different byte count): no BF16-state step for it
     "megatron-bridge": replace(_NEMO, key="megatron-bridge", bf16_optimizer_state=False),
-    "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, recompute="selective", vocab_pad_to=1,
+    "torchtitan": FrameworkDefaults("torchtitan", zero=3, fsdp=True, shard_grad_op=True, recompute="selective",
+                                    vocab_pad_to=1,
                                     selective_policy="op_sac", fp8_impl="torchao", attention_kernel="fa2",
                                     interleave=True,
                                     flops_formula="palm_6n"),
-    "automodel": FrameworkDefaults("automodel", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n"),
-    "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, overlap_param_gather=False, vocab_pad_to=1,
-                                     attention_kernel="fa2",
-                                     flops_formula="llm_foundry"),
+    "automodel": FrameworkDefaults("automodel", zero=3, fsdp=True, shard_grad_op=True, vocab_pad_to=1,
+                                   flops_formula="palm_6n"),
+    "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, shard_grad_op=True, overlap_param_gather=False,
+                                     vocab_pad_to=1, attention_kernel="fa2", flops_formula="llm_foundry",
+                                     reduce_dtype="bf16",
+                                     notes={"shard_grad_op": "llm-foundry fsdp_config sharding_strategy "
+                                            "SHARD_GRAD_OP: per-module gathers before each forward, "
+                                            "gradients reduce-scattered per module after its backward",
+                                            "reduce_dtype": "fsdp_config mixed_precision PURE (Composer "
+                                            "get_mixed_precision: reduce_dtype = the autocast dtype)"}),
     "maxtext": FrameworkDefaults("maxtext", zero=3, fsdp=True, vocab_pad_to=1, flops_formula="palm_6n",
-                                 selective_policy="save_qkv"),
+                                 selective_policy="save_qkv", reduce_dtype="bf16",
+                                 notes={"reduce_dtype": "comet's earlier FSDP assumption, not verified in "
+                                        "MaxText's sources"}),
     "deepspeed": FrameworkDefaults("deepspeed", precision="fp16", dropout=True, recompute="full", flash_attention=False, zero=3,
                                    sequence_parallel=False, overlap_grad_reduce=False, vocab_pad_to=1,
                                    flops_formula="narayanan_eq3", dp_collective="flat",
                                    # DeepSpeed config defaults: stage3_max_live_parameters 1e9 +
                                    # stage3_prefetch_bucket_size 5e8 (deepspeed/runtime/zero/config.py)
-                                   zero3_live_params=1.5e9,
-                                   notes={"dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
+                                   zero3_live_params=1.5e9, reduce_dtype="fp16",
+                                   notes={"reduce_dtype": "DeepSpeed communication_data_type unset: "
+                                          "gradients reduced in the model's fp16 (fp32 partitions kept)",
+                                          "dp_collective": "DeepSpeed-2021 ZeRO-3 gathers over the whole DP "
                                           "group as one ring at ~1 NIC per GPU (physics-notes.md)",
                                           "zero3_live_params": "gathered parameters kept at once: "
                                           "stage3_max_live_parameters + stage3_prefetch_bucket_size"}),

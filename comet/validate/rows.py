@@ -249,6 +249,10 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
         zero = c.default("zero", 3 if fsdp else d.zero, "fsdp implies 3" if fsdp else "")
     if zero > 3:
         raise RowError("zero", c.text("zero"), "must be 0, 1, 2 or 3")
+    shard_grad_op = fsdp and zero == 2 and d.shard_grad_op
+    if shard_grad_op:
+        c.default("shard_grad_op", True, d.notes.get("shard_grad_op", "PyTorch FSDP SHARD_GRAD_OP"))
+    reduce_dtype = c.default("reduce_dtype", d.reduce_dtype) if d.reduce_dtype else None
     dp_collective = "hierarchical"
     if zero >= 3 and d.dp_collective != "hierarchical":
         dp_collective = c.default("dp_collective", d.dp_collective)
@@ -283,6 +287,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             overlap_p2p_comm=d.overlap_p2p_comm,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
             dp_collective=dp_collective, zero3_live_params=live, loss_impl=loss_impl, fsdp_impl=d.fsdp_impl,
+            shard_grad_op=shard_grad_op, reduce_dtype=reduce_dtype,
             fp8_params=bool(c.boolean("fp8_params")) and precision == "fp8",
             pp_first_stage_layers=first, pp_last_stage_layers=last,
             pp_embedding_as_layer=emb_loss, pp_loss_as_layer=emb_loss)

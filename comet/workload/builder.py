@@ -14,8 +14,6 @@ from comet.workload import layers, moe
 from comet.workload.layers import ACT_BYTES, group_geometry
 from comet.workload.memory import stage_params
 
-MAIN_GRAD_BYTES = {"fp32": 4, "bf16": 2}   # gradient reduce dtype: Megatron's default is fp32 (arguments.py:
-                           # bf16 implies accumulate_allreduce_grads_in_fp32); NeMo recipes reduce in bf16
 ADAM_STEP_BYTES = 34       # fused Adam per parameter: read grad, master, m, v (16 B), write master, m, v
                            # (12 B), write bf16 weight (2 B), grad-norm pass (4 B)
 OFFLOADED_STATE_BYTES = 24  # master, m, v read and written across the expansion link (12 + 12 B)
@@ -71,13 +69,14 @@ def _bucket_sets(params: float, par: ParallelConfig, group: GroupKind, dp_size: 
     """Gradient reduce (and ZeRO parameter gather) buckets of `params` per GPU over a data-parallel
     group of `dp_size` ranks (the DP group, or the expert-DP group for routed experts)."""
     buckets, gathers = [], []
-    if dp_size <= 1 or par.zero >= 3 or params <= 0:   # ZeRO-3 reduces per layer inside the blocks
+    per_module = par.zero >= 3 or (par.shard_grad_op and group is GroupKind.DP)
+    if dp_size <= 1 or per_module or params <= 0:   # ZeRO-3 / SHARD_GRAD_OP: per layer inside the blocks
         return buckets, gathers
     kind = Collective.REDUCE_SCATTER if par.zero >= 1 else Collective.ALL_REDUCE
     chunk_p = params / par.vpp
     n = max(1, math.ceil(chunk_p / bucket_params(par)))
     for c in range(par.vpp):
-        grad = _dp_op(f"{what}.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * MAIN_GRAD_BYTES[par.grad_dtype], par,
+        grad = _dp_op(f"{what}.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * par.grad_reduce_bytes, par,
                       Phase.BACKWARD, group)
         buckets.append(BucketSet(grad, c, n, progressive=par.overlap_grad_reduce))
         if par.zero >= 1:
@@ -99,7 +98,7 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> Stage
     if par.pp > 1 and model.tied_embeddings and stage in (0, par.pp - 1):
         size, stride, _ = group_geometry(GroupKind.EMBEDDING, par)
         emb = Op("embedding.grad_all_reduce", OpKind.COLLECTIVE, stream=DP_STREAM,
-                 collective=Collective.ALL_REDUCE, msg_bytes=model.padded_vocab(par.tp) * model.hidden / par.tp * MAIN_GRAD_BYTES[par.grad_dtype],
+                 collective=Collective.ALL_REDUCE, msg_bytes=model.padded_vocab(par.tp) * model.hidden / par.tp * par.grad_reduce_bytes,
                  group="embedding", group_kind=GroupKind.EMBEDDING, group_size=size, group_stride=stride,
                  phase=Phase.BACKWARD, comm_id="embedding.grad_all_reduce")
     opt_params = params / (par.dp * par.cp if par.zero >= 1 else 1)

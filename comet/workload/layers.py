@@ -320,17 +320,27 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
     expansion-tier streaming of weights / activations. They have no dependency inside the block: each
     stands for the prefetch issued one layer ahead; the block ends when they are done. Without
     forward prefetch (overlap_param_gather off; PyTorch FSDP's default forward_prefetch=False) the
-    forward gathers the layer's own weights first: returns what the layer's first kernel waits for."""
+    forward gathers the layer's own weights first: returns what the layer's first kernel waits for.
+    FSDP SHARD_GRAD_OP (par.shard_grad_op) gathers in the forward (and a full recompute) the same way
+    but keeps the weights through the backward: no backward gather, the gradients reduce-scattered."""
     par = bb.par
     weights = _layer_weight_bytes(model, par)
     first: list = []
-    if par.zero >= 3 and par.dp * par.cp > 1:
+    if par.per_module_dp_collectives and par.dp * par.cp > 1:
         flat = par.dp_collective == "flat"    # DeepSpeed-2021: one ring at one NIC per GPU (network.py)
-        ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [], flat)
-        if not backward and not par.overlap_param_gather:
-            first = [ag]
-        if backward:   # gradients reduced in bf16 (FSDP MixedPrecision reduce_dtype)
-            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, weights, GroupKind.DP, [], flat)
+        # Which passes gather the weights: every forward; the backward unless SHARD_GRAD_OP kept them from
+        # the forward; a full recompute only where the framework's hooks fetch again (DeepSpeed ZeRO-3).
+        # PyTorch FSDP checkpoints inside its unit (Composer dist_strategy.py applies activation
+        # checkpointing after FSDP wrapping and skips FSDP modules; torchtitan wraps checkpointed blocks
+        # with fully_shard), so the recompute runs on the weights the backward's gather brought in.
+        gathers = not par.fsdp if bb.phase is Phase.RECOMPUTE else not (backward and par.shard_grad_op)
+        if gathers:
+            ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [], flat)
+            if not backward and not par.overlap_param_gather:
+                first = [ag]
+        if backward:   # gradients reduced in the reduce dtype (FSDP MixedPrecision.reduce_dtype)
+            grads = model.layer_params / par.tp * par.grad_reduce_bytes
+            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, grads, GroupKind.DP, [], flat)
     if OffloadTarget.WEIGHTS in par.offload:
         bb.offload("offload.weights_in", weights, [])
     if OffloadTarget.ACTIVATIONS in par.offload:

@@ -37,6 +37,8 @@ configs = st.fixed_dictionaries({
     "global_batch": st.sampled_from([16, 32, 64]),
     "recompute": st.sampled_from(list(Recompute)),
     "zero": st.sampled_from([0, 1, 2, 3]),
+    "fsdp": st.booleans(),
+    "shard_grad_op": st.sampled_from([False, True]),   # valid with fsdp and zero 2 only
     "schedule": st.sampled_from(list(Schedule)),
     "vpp": st.sampled_from([1, 2]),
     "precision": st.sampled_from([Precision.BF16, Precision.FP8]),

@@ -146,9 +146,17 @@ def test_killed_search_leaves_no_ray_process(tmp_path):
                 break
         else:
             pytest.fail("the search ended before evaluating")
-        time.sleep(2)
-        family = psutil.Process(proc.pid).children(recursive=True)
+        # Ray's processes may still be forking on a loaded machine: wait until the raylet is there
+        deadline = time.monotonic() + 60
+        family = []
+        while proc.poll() is None and time.monotonic() < deadline:
+            family = psutil.Process(proc.pid).children(recursive=True)
+            if any("raylet" in p.name() for p in family):
+                break
+            time.sleep(0.2)
         assert any("raylet" in p.name() for p in family)
+        time.sleep(1)
+        family = psutil.Process(proc.pid).children(recursive=True)
     finally:
         proc.kill()
         proc.wait()

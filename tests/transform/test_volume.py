@@ -56,10 +56,12 @@ def megatron_volume(model, par, stage: int) -> dict:
     if stage == par.pp - 1:
         params += 2 * h + (V * h / t if par.pp > 1 else 0)
     if par.dp * cp > 1:
-        if par.zero < 3:
-            vol[GroupKind.DP] += params * 4 + (params * A2 if par.zero >= 1 else 0)
-        else:      # gather before each layer's forward (and its recompute), gather + reduce-scatter backward
-            vol[GroupKind.DP] += layers * m * layer_params / t * A2 * (3 + (1 if full else 0))
+        if not par.per_module_dp_collectives:
+            vol[GroupKind.DP] += params * par.grad_reduce_bytes + (params * A2 if par.zero >= 1 else 0)
+        else:      # gather before each layer's forward (and its recompute, outside PyTorch FSDP) and, ZeRO-3,
+                   # backward; reduce-scatter backward in the reduce dtype (fp32 by default)
+            gathers = 1 + (1 if full and not par.fsdp else 0) + (0 if par.shard_grad_op else 1)
+            vol[GroupKind.DP] += layers * m * layer_params / t * (A2 * gathers + par.grad_reduce_bytes)
     p2p = T // t * h * A2
     vol[GroupKind.PP] += sum((vs != par.pp * par.vpp - 1) + (vs != 0) for vs in chunks) * m * p2p
     if par.pp > 1 and stage in (0, par.pp - 1):
@@ -72,6 +74,8 @@ TARGETS = [
     dict(tp=2, dp=2, cp=2), dict(pp=2, cp=2, recompute=Recompute.FULL), dict(tp=2, pp=2, dp=2, micro_batch=2),
     dict(tp=2, pp=4, vpp=2, schedule=Schedule.INTERLEAVED), dict(dp=4, zero=0), dict(dp=2, zero=3),
     dict(dp=2, zero=3, recompute=Recompute.FULL), dict(tp=4, overlap_tp_comm=True, dp=2),
+    dict(dp=2, zero=3, fsdp=True, recompute=Recompute.FULL, reduce_dtype="bf16"),
+    dict(dp=4, zero=2, fsdp=True, shard_grad_op=True, micro_batch=2),
     dict(tp=2, pp=2, dp=4, cp=2, recompute=Recompute.FULL, micro_batch=2),
 ]
 BASES = [dict(), dict(tp=2, pp=2, dp=2), dict(tp=4, cp=2, recompute=Recompute.FULL)]

@@ -44,6 +44,18 @@ def test_empty_cells_take_the_framework_default_and_say_so():
     assert defaults_for("", "").key == "generic" and defaults_for("megatron-lm", "r0.8.0 2024").zero == 0
 
 
+def test_fsdp_zero_2_is_shard_grad_op_where_the_framework_runs_pytorch_fsdp():
+    cells = dict(fsdp="true", zero="2", tp="1", num_gpus="8", global_batch="8", micro_batch="1")
+    foundry = derive_case(row(framework="llm-foundry", framework_version="", **cells), 0)
+    assert foundry.parallel.shard_grad_op
+    assert any(a.startswith("shard_grad_op=True (llm-foundry default") for a in foundry.assumptions)
+    # Llama 3's FSDP keeps the weights gathered across micro-batches: step-level buckets, no assumption
+    meta = derive_case(row(framework="meta-internal", framework_version="", **cells), 0)
+    assert not meta.parallel.shard_grad_op and not any("shard_grad_op" in a for a in meta.assumptions)
+    full = derive_case(row(framework="llm-foundry", framework_version="", **(cells | {"zero": "3"})), 0)
+    assert not full.parallel.shard_grad_op
+
+
 def test_source_text_does_not_change_defaults():
     a = derive_case(row(source=MOSAIC), 0)
     b = derive_case(row(source="some lab"), 0)
