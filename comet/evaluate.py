@@ -24,11 +24,19 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) ->
     # perf: ParallelConfig.resolve (derived fields and every rule, ~35 us) depends on the model and the
     # configuration alone; a search resolves each configuration once per cluster. A rule it breaks is
     # raised again on every call (errors are not stored).
-    par = cache.resolved.get_or((model, parallel), lambda: parallel.resolve(model))
+    par = cache.resolved.get_or((model, parallel), lambda: _resolved(model, parallel))
     check_job_fits_domains(cluster, par.gpus)
     if par.precision.value not in cluster.gpu.peak_tflops:
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
                           f"(peaks given: {', '.join(cluster.gpu.peak_tflops)})", field="precision")
+    return par
+
+
+def _resolved(model: ModelSpec, parallel: ParallelConfig) -> ParallelConfig:
+    par = parallel.resolve(model)
+    # perf: resolving a resolved configuration returns it unchanged (every field derived, the same rules
+    # pass): comet.estimate resolves, then evaluate() looks the result up
+    cache.resolved.put((model, par), par)
     return par
 
 

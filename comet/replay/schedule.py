@@ -101,21 +101,27 @@ def task_blocks(plan, stage: int, chunk: int, phase: int) -> list[str]:
 
 def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
     kinds: dict = {}
-    ids = np.empty((2, plan.pp, plan.vpp), dtype=np.int64)
-    last = plan.pp * plan.vpp - 1
-    blocks_of: dict = {}     # perf: a task's blocks depend on its layer kinds and whether it holds an end
-    for s in range(plan.pp):
-        for c in range(plan.vpp):
-            vs = c * plan.pp + s
+    pp, vpp = plan.pp, plan.vpp
+    ids = [[0] * (pp * vpp), [0] * (pp * vpp)]     # [phase][stage * vpp + chunk]
+    last = pp * vpp - 1
+    # perf: a task's kind depends on its layer kinds, whether it holds an end and its send stride:
+    # middle stages repeat a few (role, phase, stride), each looked up once
+    kind_of: dict = {}
+    for s in range(pp):
+        for c in range(vpp):
+            vs = c * pp + s
             role = (plan.layer_kinds(vs), vs == 0, vs == last)
             for phase in (FWD, BWD):
-                if (role, phase) not in blocks_of:
-                    blocks_of[role, phase] = tuple(task_blocks(plan, s, c, phase))
                 # the task ends with a blocking send (None: the last forward / first backward)
-                key = (blocks_of[role, phase], send_stride(plan, s, c, phase))
-                ids[phase, s, c] = kinds.setdefault(key, len(kinds))
-    ids.flags.writeable = False
-    return list(kinds), ids[FWD], ids[BWD]
+                stride = send_stride(plan, s, c, phase)
+                k = kind_of.get((role, phase, stride))
+                if k is None:
+                    key = (tuple(task_blocks(plan, s, c, phase)), stride)
+                    k = kind_of[role, phase, stride] = kinds.setdefault(key, len(kinds))
+                ids[phase][s * vpp + c] = k
+    fwd, bwd = (np.array(i, dtype=np.int64).reshape(pp, vpp) for i in (ids[FWD], ids[BWD]))
+    fwd.flags.writeable = bwd.flags.writeable = False
+    return list(kinds), fwd, bwd
 
 
 _task_kinds_shared = cache.memoized(256)(_task_kinds)

@@ -330,8 +330,9 @@ def _stage_groups(graph: StepGraph) -> dict:
     array computation in _tails)."""
     plan, pp = graph.plan, graph.plan.pp
     groups: dict = {}
+    layers, n = plan.chunk_layers, plan.pp * plan.vpp
     for s, st in enumerate(graph.stages):
-        role = (id(st), s == 0, s == pp - 1, tuple(plan.chunk_layers[c * pp + s] for c in range(plan.vpp)))
+        role = (id(st), s == 0, s == pp - 1, tuple(layers[s:n:pp]))   # chunks c * pp + s, c < vpp
         groups.setdefault(role, []).append(s)
     return {role: np.array(stages) for role, stages in groups.items()}   # index arrays (read-only)
 

@@ -37,3 +37,27 @@ def test_memory_bound_kernel_by_hand(h100):
 
 def test_attention_backward_slower_per_flop(h100):
     assert attention_time_s(1e12, True, h100) > attention_time_s(1e12, False, h100)
+
+
+def _wave_utilization_by_float_ceil(m, n, tile_m, tile_n, sms, split=1):
+    """The formula as first written (math.ceil of float quotients): the reference for the integer form."""
+    import math
+    best = 0.0
+    for tm, tn in ((tile_m, tile_n), (tile_n, tile_m)):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * split
+        waves = math.ceil(tiles / sms)
+        area = (m * n) / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn)
+        best = max(best, tiles / (waves * sms) * area)
+    return best
+
+
+def test_wave_utilization_integer_ceilings_equal_the_float_formula_bit_for_bit():
+    import random
+    rng = random.Random(15)
+    for _ in range(5000):
+        m, n = rng.randint(1, 1 << rng.randint(1, 20)), rng.randint(1, 1 << rng.randint(1, 20))
+        args = (m, n, rng.choice((64, 128, 256)), rng.choice((64, 128, 256)), rng.choice((108, 114, 132, 144)),
+                rng.randint(1, 16))
+        assert wave_utilization(*args) == _wave_utilization_by_float_ceil(*args)
+        # shapes read from a CSV may be floats
+        assert wave_utilization(float(m), float(n), *args[2:]) == _wave_utilization_by_float_ceil(float(m), float(n), *args[2:])

@@ -110,6 +110,19 @@ def test_cached_evaluation_equals_uncached_across_clusters(cfgs, provs, h100):
                 _same(cached, reference)
 
 
+@settings(max_examples=80, deadline=None)
+@given(cfg=configs)
+def test_resolving_a_resolved_configuration_returns_it(cfg):
+    """evaluate.resolve stores a resolved configuration under its own key too (comet.estimate resolves,
+    then evaluate looks it up): exact only if resolving is idempotent."""
+    model, par = _par(cfg)
+    try:
+        resolved = par.resolve(model)
+    except ConfigError:
+        return
+    assert resolved.resolve(model) == resolved
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=configs, prov=provisions, base_cfg=configs)
 def test_plain_built_base_equals_the_transform(cfg, prov, base_cfg, h100):
