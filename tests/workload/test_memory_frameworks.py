@@ -3,34 +3,20 @@ implementation, and FSDP's fp32 shard (the master copy) with its root module gat
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from comet.config.cluster import load_cluster
-from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
 from comet.errors import ConfigError
 from comet.validate.frameworks import defaults_for
 from comet.workload.memory import estimate_memory
 
-H100 = Path(__file__).resolve().parents[2] / "cluster_specs" / "h100_dgx.yaml"
 
 # 2 layers, h 64, 4 heads, ffn 256 (GeLU), vocab 1000 untied, no biases, s 128.
 # Layer: attention 4h^2 = 16,384 + MLP 2hf = 32,768 + norms 4h = 256 -> 49,408 parameters.
 # One GPU at tp 1, pp 1: 2 layers 98,816 + embedding 64,000 + output 64,000 + final norm 2h = 128 -> 226,944.
 LAYER, PARAMS, LAYERS = 49_408, 226_944, 98_816
 
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ModelSpec(name="tiny", layers=2, hidden=64, heads=4, vocab=1000, seq_len=128, ffn_hidden=256,
-                     tied_embeddings=False, vocab_pad_to=1, linear_bias=False)
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return load_cluster(H100)
 
 
 def _par(model, **kw) -> ParallelConfig:

@@ -4,37 +4,27 @@ and NCCL's buffers, max_allocated the tensors only. Hand-computed on a tiny mode
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from comet.config.cluster import load_cluster
-from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig
 from comet.validate.predict import ClusterCache, predict
 from comet.validate.rows import derive_case
 from comet.validate.runner import repo_root
 from comet.workload.memory import estimate_memory
-from comet.workload.memory_measures import (communicator_channels, measured_GB, outside_allocator_bytes,
-                                            parallel_groups)
+from comet.workload.memory_measures import (
+    communicator_channels,
+    measured_GB,
+    outside_allocator_bytes,
+    parallel_groups,
+)
 
-H100 = Path(__file__).resolve().parents[2] / "cluster_specs" / "h100_dgx.yaml"
 # One NCCL connection: Simple 4,194,304 + LL 524,288 + LL128 4,915,200 = 9,633,792 B. A communicator
 # inside an H100 node has 24 channels (NCCL: 18 NVLinks x 20.6 GB/s hold 6 rings of 60 GB/s, duplicated
 # and doubled): 231,211,008 B. CUDA context 0.5e9.
 CONNECTION = 9_633_792
 PER_COMMUNICATOR = 24 * CONNECTION
 
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ModelSpec(name="tiny", layers=2, hidden=64, heads=4, vocab=1000, seq_len=128, ffn_hidden=256,
-                     tied_embeddings=False, vocab_pad_to=1, linear_bias=False)
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return load_cluster(H100)
 
 
 def test_one_communicator_per_parallel_group_with_nccl_channels(tiny, h100):
