@@ -13,7 +13,7 @@ from comet.replay.blocks import time_block
 from comet.result import Result
 from comet.validate.accounting import flops_per_step
 from comet.validate.layout import choose_layout
-from comet.validate.memory_knobs import fit_unstated_knobs, memory_of, with_steps
+from comet.validate.memory_knobs import fit_unstated_knobs, with_steps
 from comet.validate.rows import MEMORY_METRICS, Case
 from comet.workload.builder import build_step_graph
 from comet.workload.memory_measures import measured_GB
@@ -106,8 +106,7 @@ def metric_from_result(case: Case, res: Result, cluster: ClusterSpec) -> float:
 def _measured_memory(case: Case, cluster: ClusterSpec, total_GB: float) -> float:
     """The footprint as the row's memory_measure reads it (nvidia-smi, reserved or allocated), in the
     row's unit."""
-    mem = memory_of(case.model, cluster, case.parallel)
-    gb = total_GB if mem is None else measured_GB(mem, case.parallel, cluster, case.memory_measure)
+    gb = measured_GB(total_GB, case.parallel, cluster, case.memory_measure)
     return gb * 1e9 / GIB if case.metric == "memory_gib_per_gpu" else gb
 
 

@@ -22,6 +22,7 @@ from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import CometError, ConfigError
 from comet.validate.frameworks import FrameworkDefaults, defaults_for
 from comet.validate.moe_rows import apply_expert_parallel, apply_moe, is_moe_row
+from comet.workload.memory_measures import MEASURES
 
 REQUIRED_COLUMNS = ("source", "model", "layers", "hidden", "heads", "seq_len", "vocab", "num_gpus", "tp", "pp",
                     "global_batch", "framework", "metric", "value")
@@ -40,7 +41,7 @@ ENUMS = {
                   "automodel", "meta-internal"),
     "metric": METRICS,
     "flops_formula": ("megatron_model", "narayanan_eq3", "palm_6n", "llm_foundry"),
-    "memory_measure": ("max_reserved", "max_allocated", "max_active", "nvidia_smi"),
+    "memory_measure": MEASURES,
 }
 MOE_COLUMNS = ("moe_experts", "moe_topk", "moe_shared_experts", "moe_dense_layers")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from comet.config.cluster import ClusterSpec
 from comet.config.parallel import ParallelConfig
 from comet.hardware.p2p_channels import comm_channels, nvlink_comm_channels
-from comet.workload.memory import GB, MemoryEstimate
+from comet.workload.memory import GB
 
-MEASURES = ("nvidia_smi", "max_reserved", "max_allocated", "max_active")
+MEASURES = ("max_reserved", "max_allocated", "max_active", "nvidia_smi")   # the schema's closed set
 
 # CUDA context with PyTorch's kernels loaded lazily (CUDA_MODULE_LOADING=LAZY, PyTorch's default since
 # 2.0 on CUDA >= 11.7: "CUDA Lazy Loading", CUDA C++ Programming Guide): the context, cuBLAS/cuDNN handles
@@ -70,14 +70,15 @@ def outside_allocator_bytes(par: ParallelConfig, cluster: ClusterSpec) -> float:
     return CUDA_CONTEXT_BYTES + channels * NCCL_CONNECTION_BYTES
 
 
-def measured_GB(mem: MemoryEstimate, par: ParallelConfig, cluster: ClusterSpec, measure: str) -> float:
-    """The footprint as `measure` reads it. The part outside the allocator is capped by the workspace
-    (the workspace is all that is not tensors); the rest of the workspace is the allocator's cache."""
+def measured_GB(total_GB: float, par: ParallelConfig, cluster: ClusterSpec, measure: str) -> float:
+    """The footprint `total_GB` (MemoryEstimate.total_GB, which includes the cluster's workspace) as
+    `measure` reads it. The part outside the allocator is capped by the workspace (the workspace is all
+    that is not tensors); the rest of the workspace is the allocator's cache."""
     if measure not in MEASURES:
         raise ValueError(f"memory_measure must be one of {', '.join(MEASURES)}, got {measure!r}")
-    outside = min(mem.workspace_GB, outside_allocator_bytes(par, cluster) / GB)
+    workspace = cluster.workspace_GB
     if measure == "nvidia_smi":
-        return mem.total_GB
+        return total_GB
     if measure == "max_reserved":
-        return mem.total_GB - outside
-    return mem.total_GB - mem.workspace_GB
+        return total_GB - min(workspace, outside_allocator_bytes(par, cluster) / GB)
+    return total_GB - workspace

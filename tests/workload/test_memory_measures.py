@@ -42,19 +42,19 @@ def test_measures_split_the_workspace(tiny, h100):
     """dp 4: outside the allocator 0.5e9 + 231,211,008 = 731,211,008 B of the 2.0 GB workspace."""
     par = ParallelConfig(global_batch=8, dp=4, zero=3, fsdp=True).resolve(tiny)
     mem = estimate_memory(tiny, par, h100)
-    assert measured_GB(mem, par, h100, "nvidia_smi") == mem.total_GB
-    assert measured_GB(mem, par, h100, "max_reserved") == pytest.approx(mem.total_GB - 0.731211008, rel=1e-12)
-    assert measured_GB(mem, par, h100, "max_allocated") == pytest.approx(mem.total_GB - 2.0, rel=1e-12)
-    assert measured_GB(mem, par, h100, "max_active") == measured_GB(mem, par, h100, "max_allocated")
+    assert measured_GB(mem.total_GB, par, h100, "nvidia_smi") == mem.total_GB
+    assert measured_GB(mem.total_GB, par, h100, "max_reserved") == pytest.approx(mem.total_GB - 0.731211008, rel=1e-12)
+    assert measured_GB(mem.total_GB, par, h100, "max_allocated") == pytest.approx(mem.total_GB - 2.0, rel=1e-12)
+    assert measured_GB(mem.total_GB, par, h100, "max_active") == measured_GB(mem.total_GB, par, h100, "max_allocated")
 
 
 def test_outside_part_is_capped_by_a_small_workspace(tiny, h100):
     par = ParallelConfig(global_batch=8, dp=4).resolve(tiny)
     small = replace(h100, workspace_GB=0.3)
     mem = estimate_memory(tiny, par, small)
-    assert measured_GB(mem, par, small, "max_reserved") == pytest.approx(mem.total_GB - 0.3, rel=1e-12)
+    assert measured_GB(mem.total_GB, par, small, "max_reserved") == pytest.approx(mem.total_GB - 0.3, rel=1e-12)
     with pytest.raises(ValueError, match="memory_measure"):
-        measured_GB(mem, par, small, "peak")
+        measured_GB(mem.total_GB, par, small, "peak")
 
 
 def test_validate_predicts_each_row_in_its_measure():
