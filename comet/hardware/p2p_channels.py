@@ -77,8 +77,9 @@ def _nvlink_path_GBps(nvlink_GBps: float) -> float:
 
 def nvlink_comm_channels(nvlink_GBps: float) -> int:
     """Channels of a single-node communicator on NVLink: the rings of 60 GB/s the path holds."""
-    ring = min(INTRA_CHANNEL_MAX_GBPS, _nvlink_path_GBps(nvlink_GBps))
-    return _search_channels(max(1, int(_nvlink_path_GBps(nvlink_GBps) // ring)), ring)
+    path = _nvlink_path_GBps(nvlink_GBps)
+    ring = min(INTRA_CHANNEL_MAX_GBPS, path)
+    return _search_channels(max(1, int(path // ring)), ring)
 
 
 def _per_op(msg_bytes: float, ranks: int, per_peer: int, p2p_channels: int, min_chunk: float,
