@@ -4,6 +4,7 @@ function that applies provisioning, calls comet.evaluate and adds cost. No Ray h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from pathlib import Path
 import json
@@ -158,19 +159,17 @@ def _parallel_forms(parallel: ParallelConfig) -> tuple[ParallelConfig, dict, str
     return hit
 
 
-_provision_json: dict = {}
+@functools.lru_cache(maxsize=4096)
+def _provision_json(provision: tuple) -> str:
+    return json.dumps(list(provision), sort_keys=True, default=str)
 
 
 def candidate_key(fingerprint: str, parallel: ParallelConfig, provision: tuple) -> str:
     # the text of json.dumps({"ctx": ..., "parallel": ..., "provision": ...}, sort_keys=True, default=str),
     # assembled from the configuration's memoized JSON and the provisioning's, memoized too: a study has a
     # few dozen of each (test_candidates pins the equality)
-    prov = _provision_json.get(provision)
-    if prov is None:
-        if len(_provision_json) >= 4096:
-            _provision_json.clear()
-        prov = _provision_json[provision] = json.dumps(list(provision), sort_keys=True, default=str)
-    blob = f'{{"ctx": {json.dumps(fingerprint)}, "parallel": {_parallel_forms(parallel)[2]}, "provision": {prov}}}'
+    blob = (f'{{"ctx": {json.dumps(fingerprint)}, "parallel": {_parallel_forms(parallel)[2]}, '
+            f'"provision": {_provision_json(provision)}}}')
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
