@@ -31,6 +31,16 @@ class SelectivePolicy(str, enum.Enum):
     SAVE_QKV = "save_qkv"     # MaxText remat_policy save_qkv_proj: keep the layer input and Q/K/V only
 
 
+class RecomputeModule(str, enum.Enum):
+    """Megatron-Core `--recompute-modules` (megatron/core/transformer/transformer_config.py, mcore >= 0.12)
+    re-run besides the attention core under `recompute: selective`. Each frees the tensors its module
+    saves for backward (CheckpointWithoutOutput) and re-runs the module before the backward needs them;
+    a module the layer does not have is ignored, as Megatron-Core does (comet/workload/recompute_modules.py)."""
+    LAYERNORM = "layernorm"       # input / pre-MLP norms that are separate modules (MLA input, MoE pre-MLP)
+    MLA_UP_PROJ = "mla_up_proj"   # MLA query / key-value up projections and RoPE
+    MOE_ACT = "moe_act"           # the routed experts' activation function
+
+
 class Precision(str, enum.Enum):
     BF16 = "bf16"
     FP16 = "fp16"
@@ -67,6 +77,8 @@ class ParallelConfig:
     micro_batch: int = field(default=1, metadata=positive())
     recompute: Recompute = Recompute.NONE
     selective_policy: SelectivePolicy = SelectivePolicy.ATTENTION
+    # Megatron-Core modules recomputed as well under recompute: selective with the attention policy
+    recompute_modules: tuple[RecomputeModule, ...] = ()
     zero: int = 1                              # 0..3; Megatron's distributed optimizer is stage 1
     precision: Precision = Precision.BF16
     overlap_grad_reduce: bool = True           # DP reduce-scatter/all-reduce overlaps backward
@@ -247,6 +259,11 @@ class ParallelConfig:
             rule(self.num_microbatches % self.pp == 0, "global_batch",
                  f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
         rule(len(set(self.offload)) == len(self.offload), "offload", "lists a target twice")
+        rule(not self.recompute_modules or (self.recompute is Recompute.SELECTIVE
+                                            and self.selective_policy is SelectivePolicy.ATTENTION),
+             "recompute_modules", "recompute_modules needs recompute: selective with selective_policy: attention "
+             f"(Megatron-Core's selective recompute), got recompute {self.recompute.value}, "
+             f"selective_policy {self.selective_policy.value}")
         check_expert_parallel(self, model)
 
     def label(self) -> str:
@@ -277,5 +294,6 @@ class ParallelConfig:
             parts.append(f"{self.optimizer_dtype}-optim")
         if self.shard_grad_op:
             parts.append("shard-grad-op")
-        parts += [f"mb{self.micro_batch}", self.recompute.value, f"z{self.zero}", self.precision.value]
+        recompute = "+".join([self.recompute.value] + [m.value for m in self.recompute_modules])
+        parts += [f"mb{self.micro_batch}", recompute, f"z{self.zero}", self.precision.value]
         return "-".join(parts)

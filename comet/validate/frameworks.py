@@ -100,6 +100,7 @@ class FrameworkDefaults:
     bf16_optimizer_state: bool = False       # Adam state in BF16 (NeMo `optim.dtype: bf16`)
     bf16_grad_reduce: bool = False           # gradients kept and reduced in BF16 (Megatron-Core --grad-reduce-in-bf16)
     selective_recompute: bool = True         # has selective recompute (Megatron-LM since Korthikanti et al. 2022)
+    recompute_modules: bool = False          # Megatron-Core --recompute-modules (mcore >= 0.12; see below)
     uneven_pipeline: bool = False            # stages of unequal layer counts (Megatron-Core first/last-stage
                                              # layers; earlier stacks need pp to divide the layers)
     interleave: bool = False                 # runs the interleaved 1F1B schedule (vpp > 1)
@@ -208,13 +209,29 @@ def _defaults_by_year(framework: str, version: str) -> FrameworkDefaults:
     return FRAMEWORKS.get(framework, GENERIC)
 
 
+# Megatron-Core's per-module selective recompute (`recompute_modules`: core_attn, moe_act, layernorm,
+# mla_up_proj, mlp, moe) first shipped in megatron-core 0.12.0 (megatron/core/transformer/
+# transformer_config.py; 0.11.0 has no such field), the Megatron-Core of the NeMo 25.04 container, whose
+# scripts/performance/utils.py (nemo-toolkit 2.3.0) sets `recipe.model.config.recompute_modules` from its
+# per-model configs. Megatron-Bridge is newer than both. Megatron-LM rows state no mcore version: not used.
+RECOMPUTE_MODULES_SINCE = (2025, 4)
+
+
+def recompute_modules_generation(d: FrameworkDefaults, version: str) -> FrameworkDefaults:
+    """Megatron-Core recompute modules for Megatron-Bridge and for NeMo stacks dated 2025-04 or later."""
+    when = release_month(version)
+    if d.key == "megatron-bridge" or (d.key == "nemo" and when is not None and when >= RECOMPUTE_MODULES_SINCE):
+        return replace(d, recompute_modules=True)
+    return d
+
+
 def defaults_for(framework: str, version: str = "") -> FrameworkDefaults:
     """The framework's defaults; Megatron-LM versions that state a year up to 2022 get the defaults of
     that generation (fp16, unfused attention), and up to 2021 without selective recompute, which came
     with Korthikanti et al. (arXiv:2205.05198, May 2022); torchtitan before 0.1.0 has an eager loss. Stacks
     released before Hopper-native attention kernels existed run FlashAttention-2-class attention
     (`attention_generation`)."""
-    return attention_generation(_defaults_by_year(framework, version), version)
+    return recompute_modules_generation(attention_generation(_defaults_by_year(framework, version), version), version)
 
 
 # --------------------------------------------------------------------------- attention kernel generation

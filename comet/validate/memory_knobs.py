@@ -15,9 +15,13 @@ in order of what they cost the step time (a tuned run takes the free ones first)
      `--fp8-param-gather`): the GEMM weights exist only in FP8, the BF16 copy goes.
   5. recompute none -> selective: the attention core is re-run in the backward (Korthikanti et al.,
      MLSys 2023, sec. 5: a few percent more FLOPs); Megatron-LM of 2021 had only full recompute.
-  6. optimizer_dtype fp32 -> bf16 (frameworks that can express it: NeMo `optim.dtype: bf16`; the schema
+  6. recompute -> selective with Megatron-Core's recompute modules layernorm, mla_up_proj, moe_act
+     (frameworks on Megatron-Core >= 0.12: `--recompute-modules`; comet/workload/recompute_modules.py):
+     frees the separate norms' outputs, MLA's Q/K/V and the experts' activation output for a re-run
+     of those memory-bound ops and MLA's up projections (a few percent of the layer's forward).
+  7. optimizer_dtype fp32 -> bf16 (frameworks that can express it: NeMo `optim.dtype: bf16`; the schema
      has no column for it, so it is never stated): halves the Adam state.
-  7. recompute -> full: every layer's forward re-run before its backward (about a third more compute).
+  8. recompute -> full: every layer's forward re-run before its backward (about a third more compute).
 
 Each step applies on top of the previous ones, only to a knob whose cell the row left empty and that
 its framework can express (explicit cells always win), and only where it lowers the peak (selective
@@ -34,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig, Precision, Recompute
+from comet.config.parallel import ParallelConfig, Precision, Recompute, RecomputeModule, SelectivePolicy
 from comet.errors import ConfigError
 from comet.evaluate import resolve
 from comet.validate.frameworks import FrameworkDefaults
@@ -47,12 +51,18 @@ class Step:
     knob: str                        # the ParallelConfig field
     value: object                    # the setting this step takes
     applies: Callable[[ParallelConfig, FrameworkDefaults], bool]   # saves memory here, and expressible
+    also: tuple[tuple[str, object], ...] = ()   # further fields the step sets with it
 
     def text(self, par: ParallelConfig) -> str:
         return _show(getattr(par, self.knob))
 
+    def take(self, par: ParallelConfig) -> ParallelConfig:
+        return replace(par, **{self.knob: self.value, **dict(self.also)})
+
 
 def _show(v) -> str:
+    if isinstance(v, tuple):
+        return "+".join(_show(x) for x in v) or "none"
     v = getattr(v, "value", v)
     return str(v).lower() if isinstance(v, bool) else str(v)
 
@@ -66,6 +76,9 @@ LADDER = (
          lambda p, d: p.precision is Precision.FP8 and p.fp8_impl == "te" and not p.fp8_params),
     Step("recompute", "recompute", Recompute.SELECTIVE,
          lambda p, d: d.selective_recompute and _ORDER.index(p.recompute) < _ORDER.index(Recompute.SELECTIVE)),
+    Step("recompute", "recompute_modules", tuple(RecomputeModule),
+         lambda p, d: d.recompute_modules and p.recompute is not Recompute.FULL and not p.recompute_modules
+         and p.selective_policy is SelectivePolicy.ATTENTION, also=(("recompute", Recompute.SELECTIVE),)),
     Step("", "optimizer_dtype", "bf16", lambda p, d: d.bf16_optimizer_state and p.optimizer_dtype == "fp32"),
     Step("recompute", "recompute", Recompute.FULL, lambda p, d: p.recompute is not Recompute.FULL),
 )
@@ -94,7 +107,7 @@ def fit_unstated_knobs(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
             break
         if (step.column and row.get(step.column, "").strip()) or not step.applies(trial, defaults):
             continue
-        nxt = replace(trial, **{step.knob: step.value})
+        nxt = step.take(trial)
         after = memory_of(model, cluster, nxt)
         if after is None or after.total_GB >= mem.total_GB:
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Recompute, SelectivePolicy
+from comet.workload import recompute_modules
 
 
 def attention_forward_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
@@ -73,4 +74,5 @@ def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
         extra = body_forward_flops_per_token(model) - model.layers * 2 * h * (q + 2 * kv)   # all but QKV
     elif par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         extra = model.layers * 4 * model.seq_len * model.q_hidden   # the attention core is recomputed
+    extra += recompute_modules.extra_forward_flops_per_token(model, par)   # Megatron-Core recompute modules
     return model_flops_per_step(model, par.global_batch) + tokens * extra

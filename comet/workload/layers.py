@@ -410,11 +410,12 @@ def layer_backward(model: ModelSpec, par: ParallelConfig, mlp_backward=dense_mlp
     return bb.done()
 
 
-def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward) -> nx.DiGraph:
+def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward, moe_layer: bool = False) -> nx.DiGraph:
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
-    recomputes its scores inside the backward kernel)."""
+    recomputes its scores inside the backward kernel); plus Megatron-Core's recompute modules."""
     from comet.config.parallel import Recompute, SelectivePolicy
+    from comet.workload.recompute_modules import add_recompute_ops
     if par.recompute is Recompute.FULL:
         return forward(model, par, phase=Phase.RECOMPUTE)
     if par.recompute is Recompute.SELECTIVE and par.selective_policy is not SelectivePolicy.ATTENTION:
@@ -422,6 +423,7 @@ def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward
     bb = BlockBuilder(Phase.RECOMPUTE, par, model)
     if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         attention_core(bb, Dims.of(model, par), [], backward=False)
+    add_recompute_ops(bb, moe_layer)
     return bb.done()
 
 

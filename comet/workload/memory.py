@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule, SelectivePolicy
+from comet.workload import recompute_modules
 from comet.workload.moe import (dispatcher_buffer_bytes, moe_layer_activation_bytes, stage_dense_layer_params,
                                 stage_expert_params, stage_layer_indices)
 
@@ -152,7 +153,8 @@ def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig, moe_layer:
         gemm_in = FP8_ACT_BYTES if par.precision is Precision.FP8 and par.fp8_impl == "te" else ACT_BYTES
         inside -= ((2 if model.gated else 1) * ACT_BYTES + gemm_in) * sb * model.ffn_hidden
         mlp = moe_layer_activation_bytes(model, par)
-    return outside / split_outside + inside / t + (scores / t if keep_scores else 0.0) + mlp
+    kept = outside / split_outside + inside / t + (scores / t if keep_scores else 0.0) + mlp
+    return kept - recompute_modules.freed_bytes(model, par, moe_layer)
 
 
 def stage_layer_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:

@@ -31,6 +31,19 @@ def core_flops(bb: BlockBuilder, D: Dims, backward: bool) -> float:
     return fwd * (FLASH_BWD_FLOP_RATIO if backward else 1.0)
 
 
+def up_projections(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
+    """Latent norms, q / kv up projections and RoPE: what Megatron-Core's `mla_up_proj` recompute module
+    re-runs (multi_latent_attention.py qkv_up_checkpoint)."""
+    m = bb.model.mla
+    down, q_lat, kv_lat, q_up, kv_up = _sizes(bb, D)
+    if m.q_lora_rank is not None:
+        x = [bb.memory("q_norm", D.T * q_lat * ACT_BYTES * 2, x)]
+        x = [bb.gemm("q_up", D.T, q_up, q_lat, x)]
+    kv = [bb.memory("kv_norm", D.T * kv_lat * ACT_BYTES * 2, x)]
+    kv = [bb.gemm("kv_up", D.T, kv_up, kv_lat, kv)]
+    return [bb.memory("rope", D.T * (q_up + D.heads * m.qk_rope_head_dim) * ACT_BYTES * 2, x + kv)]
+
+
 def forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     m = bb.model.mla
     down, q_lat, kv_lat, q_up, kv_up = _sizes(bb, D)
@@ -38,11 +51,7 @@ def forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
         x = tp_in(bb, D, "q_kv_down", D.T, q_up + m.kv_lora_rank + m.qk_rope_head_dim, D.h, x)
     else:
         x = tp_in(bb, D, "q_kv_down", D.T, down, D.h, x)
-        x = [bb.memory("q_norm", D.T * q_lat * ACT_BYTES * 2, x)]
-        x = [bb.gemm("q_up", D.T, q_up, q_lat, x)]
-    kv = [bb.memory("kv_norm", D.T * kv_lat * ACT_BYTES * 2, x)]
-    kv = [bb.gemm("kv_up", D.T, kv_up, kv_lat, kv)]
-    x = [bb.memory("rope", D.T * (q_up + D.heads * m.qk_rope_head_dim) * ACT_BYTES * 2, x + kv)]
+    x = up_projections(bb, D, x)
     x = [bb.attention("attention", core_flops(bb, D, False), (D.b * D.heads, D.T // D.b, D.s, m.q_head_dim), x)]
     return tp_out(bb, D, "proj", D.T, D.h, D.heads * m.v_head_dim, x)
 

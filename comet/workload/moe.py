@@ -94,7 +94,7 @@ def _sort_chunks(bb: BlockBuilder, name: str, model: ModelSpec, deps: Deps) -> D
     return [bb.memory(name, nbytes, deps)] if nbytes else deps
 
 
-def _expert_dims(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int, float]:
+def expert_dims(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int, float]:
     """(local experts, FFN width per expert per rank, gate factor, tokens per local expert)."""
     moe = model.moe
     local = moe.num_experts // par.ep
@@ -166,7 +166,7 @@ def moe_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     model, par = bb.model, bb.par
     moe = model.moe
     n = D.Ts
-    local, f_local, gate, m_e = _expert_dims(model, par)
+    local, f_local, gate, m_e = expert_dims(model, par)
     gathered = _fsdp_experts(bb, model, backward=False)
     start = x
     x = [bb.gemm("router", n, moe.num_experts, D.h, x)]
@@ -193,7 +193,7 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     model, par = bb.model, bb.par
     moe = model.moe
     n = D.Ts
-    local, f_local, gate, m_e = _expert_dims(model, par)
+    local, f_local, gate, m_e = expert_dims(model, par)
     _fsdp_experts(bb, model, backward=True)
     start = x
     x = [bb.memory("moe.unpermute.bwd", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
@@ -230,7 +230,8 @@ def moe_blocks(model: ModelSpec, par: ParallelConfig) -> dict:
     """The "moe_layer.*" blocks of a MoE model (its dense layers use the ordinary "layer.*" blocks)."""
     return {"moe_layer.fwd": moe_layer_forward(model, par),
             "moe_layer.bwd": layers.layer_backward(model, par, mlp_backward=moe_mlp_backward),
-            "moe_layer.recompute": layers.layer_recompute(model, par, forward=moe_layer_forward)}
+            "moe_layer.recompute": layers.layer_recompute(model, par, forward=moe_layer_forward,
+                                                           moe_layer=True)}
 
 
 def chunk_layer_kinds(model: ModelSpec, chunk_layers: tuple[int, ...]) -> tuple[tuple[str, ...], ...]:
@@ -280,7 +281,7 @@ def moe_layer_activation_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     fp32 router probabilities; plus the shared experts' MLP terms (split over tp)."""
     moe, h = model.moe, model.hidden
     rows = routed_tokens(model, par)
-    local, f_local, gate, _ = _expert_dims(model, par)
+    local, f_local, gate, _ = expert_dims(model, par)
     n = tokens_in(model, par)
     # Under FP8, Transformer Engine saves the quantized GEMM inputs (1 byte) for the weight gradient
     # instead of the bf16 tensors (TE Linear/GroupedLinear save the FP8 input for backward).
