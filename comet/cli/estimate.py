@@ -16,7 +16,7 @@ from comet.config.job import JobSpec
 from comet.config.loader import read_yaml
 from comet.config.model import load_model
 from comet.config.moe import Dispatcher
-from comet.config.parallel import OffloadTarget, Precision, Recompute, Schedule
+from comet.config.parallel import OffloadTarget, Precision, Recompute, RecomputeModule, Schedule
 from comet.errors import CometError, ConfigError
 from comet.evaluate import evaluate, resolve
 from comet.remedy import nearest_feasible
@@ -73,6 +73,8 @@ def register(sub) -> None:
     p.add_argument("--global-batch", type=positive_int, help="sequences per step (required here or in --config)")
     p.add_argument("--precision", choices=[x.value for x in Precision], help="default bf16")
     p.add_argument("--recompute", choices=[x.value for x in Recompute], help="default none")
+    p.add_argument("--recompute-modules", action="append", choices=[x.value for x in RecomputeModule],
+                   help="with --recompute selective: Megatron-Core modules recomputed too (repeatable; docs/moe.md)")
     p.add_argument("--zero", type=non_negative_int, help="ZeRO stage 0-3 (default 1 = Megatron distributed optimizer)")
     p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on when tp > 1")

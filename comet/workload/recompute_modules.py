@@ -15,7 +15,9 @@ already counts (comet/workload/memory.py `_layer_activation_terms`, comet/worklo
                the hidden width for DeepSeek-V3): re-runs the q / kv up projections and RoPE.
   moe_act      the routed experts' activation output (the FC2 input); re-runs the activation.
 
-A module the layer does not have is ignored, as Megatron-Core ignores it.
+A module the layer does not have is ignored, as Megatron-Core ignores it: `layernorm` recomputes only
+norms that are not IdentityOp (transformer_layer.py), and the TE layer specs make the input norm a separate
+TENorm only under MLA and the pre-MLP norm only in MoE layers (models/gpt/gpt_layer_specs.py, mcore 0.12.0).
 """
 
 from __future__ import annotations

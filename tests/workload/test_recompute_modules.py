@@ -3,6 +3,8 @@ against hand counts on a tiny MLA + MoE model."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from comet.config.model import ModelSpec
@@ -85,3 +87,15 @@ def test_frameworks_with_recompute_modules_and_the_ladder_step():
     assert not step.applies(par, defaults_for("torchtitan"))
     taken = step.take(par)
     assert (taken.recompute, taken.recompute_modules) == (Recompute.SELECTIVE, ALL)
+
+
+def test_cli_flag_and_its_bad_input(capsys):
+    from comet.cli import main
+    base = ["estimate", "--model", "gpt_1_7b", "--gpus", "8", "--global-batch", "16", "--json",
+            "--recompute-modules", "layernorm"]
+    assert main(base + ["--recompute", "selective"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["label"] == "tp1-pp1-dp8-mb1-selective+layernorm-z1-bf16"
+    assert out["parallel"]["recompute_modules"] == ["layernorm"]
+    assert main(base) == 2      # modules without selective recompute: one line naming the field
+    assert "recompute_modules needs recompute: selective" in capsys.readouterr().out
