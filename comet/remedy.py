@@ -16,12 +16,12 @@ from itertools import combinations
 from comet.config.cluster import ClusterSpec
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
-from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute
+from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute, RecomputeModule, SelectivePolicy
 
 MAX_REMEDIES = 3
 
 
-def _moves(par: ParallelConfig, cluster: ClusterSpec) -> list[tuple[str, dict]]:
+def _moves(par: ParallelConfig, cluster: ClusterSpec, model: ModelSpec | None = None) -> list[tuple[str, dict]]:
     """(description, changed fields) of each single move from `par`; dp is re-derived from gpus."""
     moves: list[tuple[str, dict]] = []
     for factor in (2, 4):
@@ -32,6 +32,12 @@ def _moves(par: ParallelConfig, cluster: ClusterSpec) -> list[tuple[str, dict]]:
             moves.append((f"tp {par.tp} -> {par.tp * 2}", {"tp": par.tp * 2}))
     if par.recompute is Recompute.NONE:
         moves.append(("recompute selective", {"recompute": Recompute.SELECTIVE}))
+    if (model is not None and (model.moe is not None or model.mla is not None) and not par.recompute_modules
+            and par.recompute is not Recompute.FULL and par.selective_policy is SelectivePolicy.ATTENTION):
+        # Megatron-Core's recompute modules: MoE / MLA activations freed for a few percent more work
+        # (comet/workload/recompute_modules.py)
+        moves.append(("recompute selective + modules", {"recompute": Recompute.SELECTIVE,
+                                                        "recompute_modules": tuple(RecomputeModule)}))
     if par.recompute is not Recompute.FULL:
         moves.append(("recompute full", {"recompute": Recompute.FULL}))
     for stage in range(par.zero + 1, 4):
@@ -58,7 +64,7 @@ def nearest_feasible(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig
 
     if par.dp is None:   # an unresolved configuration (a broken rule): no neighbour search
         return []
-    singles = _moves(par, cluster)
+    singles = _moves(par, cluster, model)
     tried: set[str] = set()
     for size in (1, 2):
         found = []

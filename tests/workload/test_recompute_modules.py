@@ -99,3 +99,13 @@ def test_cli_flag_and_its_bad_input(capsys):
     assert out["parallel"]["recompute_modules"] == ["layernorm"]
     assert main(base) == 2      # modules without selective recompute: one line naming the field
     assert "recompute_modules needs recompute: selective" in capsys.readouterr().out
+
+
+def test_remedies_offer_the_modules_for_moe_and_mla_models_only():
+    from comet.config.cluster import load_cluster
+    from comet.remedy import _moves
+    cluster = load_cluster("cluster_specs/h100_dgx.yaml")
+    move = ("recompute selective + modules", {"recompute": Recompute.SELECTIVE, "recompute_modules": ALL})
+    assert move in _moves(_par(recompute=Recompute.NONE), cluster, TINY)
+    plain = ModelSpec(name="tiny_dense", layers=2, hidden=64, heads=4, vocab=256, seq_len=32, ffn_hidden=256)
+    assert move not in _moves(ParallelConfig(global_batch=8, dp=8).resolve(plain), cluster, plain)
