@@ -69,14 +69,15 @@ def apply_moe(row: dict, model: ModelSpec, notes: list[str]) -> ModelSpec:
     zoo = zoo_match(model.hidden, model.heads, experts, topk, expert_ffn)
     shared, dense = _int(row, "moe_shared_experts"), _int(row, "moe_dense_layers")
     if zoo is not None:
-        notes.append(f"architecture details (attention, head width, dense-layer FFN, MoE layer pattern) from "
-                     f"the zoo's {zoo.name}")
+        notes.append(f"architecture details (attention, head width, dense-layer FFN, MoE layer pattern, biases) "
+                     f"from the zoo's {zoo.name}")
         moe = replace(zoo.moe, shared_experts=zoo.moe.shared_experts if shared is None else shared,
                       dense_layers=zoo.moe.dense_layers if dense is None else min(dense, model.layers - 1))
         if moe.shared_experts != zoo.moe.shared_experts:
             moe = replace(moe, shared_ffn_hidden=moe.shared_experts * moe.expert_ffn_hidden)
         return replace(model, moe=moe, mla=zoo.mla, head_dim=zoo.head_dim, ffn_hidden=zoo.ffn_hidden,
-                       kv_heads=zoo.kv_heads, activation=zoo.activation, tied_embeddings=zoo.tied_embeddings)
+                       kv_heads=zoo.kv_heads, activation=zoo.activation, tied_embeddings=zoo.tied_embeddings,
+                       linear_bias=zoo.linear_bias)
     if (row.get("attention") or "").lower() == "mla":
         notes.append("MLA ranks not given and no zoo model of this shape: attention modelled as MHA")
     notes.append("dense layers (if any) use the expert FFN width; every layer after them is MoE")

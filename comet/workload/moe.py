@@ -139,6 +139,30 @@ def _exchange(bb: BlockBuilder, name: str, model: ModelSpec, deps: Deps) -> Deps
     return out
 
 
+# Megatron-Core's TEGroupedMLP builds linear_fc2 with skip_bias_add=True and adds the FC2 expert bias,
+# weighted by each row's routing probability, in a Python loop over the local experts (`_apply_bias`,
+# megatron/core/transformer/moe/experts.py, megatron-core 0.16.0): per expert `b * p` (rows x h written)
+# and `t + b*p` (two read, one written), then `torch.cat` of the results (read + written). Backward,
+# per expert, the bias gradient (g * p).sum(0) and the probability gradient (g * b).sum(-1) (a product
+# written and reduced each), and the split's gradient concatenated. The FC1 bias is added inside the
+# grouped GEMM (skip_bias_add=False). Passes of one expert's rows x h in bf16, per kernel:
+_FC2_BIAS_KERNELS = ((".mul", 1), (".add", 3))
+_FC2_BIAS_GRAD_KERNELS = ((".bias_grad.mul", 2), (".bias_grad.sum", 1), (".prob_grad.mul", 2), (".prob_grad.sum", 1))
+
+
+def _expert_fc2_bias(bb: BlockBuilder, model: ModelSpec, deps: Deps, backward: bool) -> Deps:
+    """The FC2 expert bias of a biased MoE (gpt-oss) as Megatron-Core applies it; nothing without biases."""
+    if not model.linear_bias:
+        return deps
+    local, _, _, m_e = expert_dims(model, bb.par)
+    rows_h = m_e * model.hidden * ACT_BYTES
+    x = deps
+    for _ in range(local):     # one kernel per expert and step: the loop launches them one by one
+        for suffix, passes in (_FC2_BIAS_GRAD_KERNELS if backward else _FC2_BIAS_KERNELS):
+            x = [bb.memory(f"experts.fc2_bias{suffix}", passes * rows_h, x)]
+    return [bb.memory("experts.fc2_bias.cat", 2 * local * rows_h, x)]
+
+
 def _shared_dims(model: ModelSpec, par: ParallelConfig) -> Dims:
     return replace(Dims.of(model, par), f=model.moe.shared_ffn_hidden)
 
@@ -178,6 +202,7 @@ def moe_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     x = [_grouped_gemm(bb, "experts.fc1", m_e, gate * f_local, D.h, local, x + gathered)]
     x = [bb.memory(f"experts.{D.act}", rows * f_local * ACT_BYTES * (gate + 1), x)]
     x = [_grouped_gemm(bb, "experts.fc2", m_e, D.h, f_local, local, x)]
+    x = _expert_fc2_bias(bb, model, x, backward=False)
     x = _sort_chunks(bb, "moe.restore_order", model, x)
     x = _exchange(bb, "combine", model, x)
     x = [bb.memory("moe.unpermute", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
@@ -199,6 +224,7 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     x = [bb.memory("moe.unpermute.bwd", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     x = _exchange(bb, "combine.bwd", model, x)      # gradient of the combine: all-to-all to the experts
     x = _sort_chunks(bb, "moe.restore_order.bwd", model, x)
+    x = _expert_fc2_bias(bb, model, x, backward=True)
     rows = m_e * local
     d2 = _grouped_gemm(bb, "experts.fc2.dgrad", m_e, f_local, D.h, local, x)
     w2 = _grouped_gemm(bb, "experts.fc2.wgrad", f_local, D.h, m_e, local, [d2])

@@ -216,3 +216,19 @@ def test_moe_zoo_matches_published_parameter_counts(name):
     if active is not None:
         counted = model.active_params - (model.embedding_params if name.startswith("gpt_oss") else 0)
         assert counted / 1e9 == pytest.approx(active, rel=0.08)
+
+
+def test_biased_experts_add_megatron_cores_fc2_bias_loop():
+    from dataclasses import replace
+    biased = replace(TINY, linear_bias=True)
+    par = ParallelConfig(global_batch=16, dp=8, micro_batch=2, ep=4).resolve(biased)
+    graph = build_step_graph(biased, par)
+    # 2 local experts, each 64 tokens x top-2 / 2 experts = 64 rows of h = 64 in bf16: 8192 bytes a pass
+    rows_h = 64 * 64 * 2
+    fwd = [(op.name, op.bytes) for _, op in ops(graph.blocks["moe_layer.fwd"]) if "fc2_bias" in op.name]
+    assert fwd == [("experts.fc2_bias.mul", rows_h), ("experts.fc2_bias.add", 3 * rows_h)] * 2 + [
+        ("experts.fc2_bias.cat", 2 * 2 * rows_h)]
+    bwd = [op.bytes for _, op in ops(graph.blocks["moe_layer.bwd"]) if "fc2_bias" in op.name]
+    assert len(bwd) == 2 * 4 + 1 and sum(bwd) == 2 * 6 * rows_h + 2 * 2 * rows_h
+    plain = build_step_graph(TINY, ParallelConfig(global_batch=16, dp=8, micro_batch=2, ep=4).resolve(TINY))
+    assert not [op for _, op in ops(plain.blocks["moe_layer.fwd"]) if "fc2_bias" in op.name]
