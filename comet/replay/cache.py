@@ -224,6 +224,12 @@ def block_config(par):
                    schedule=None)
 
 
+def stage_config(par):
+    """The parallel configuration without the global batch, which only the pipeline plan reads (its
+    micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py)."""
+    return replace(par, global_batch=1)
+
+
 def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""

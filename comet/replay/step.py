@@ -193,11 +193,34 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
         return memo[key]
 
     groups = _stage_groups_shared(graph)
-    # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
-    # chunk's first forward waits for the buckets holding its first layer.
-    gather_end = np.zeros(pp)
     gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
-    f_release = np.zeros((pp, vpp))
+    if keep_block_replays:
+        f_release, gather_end = _early_gathers(graph, groups, t, gather_events)
+    else:
+        # perf: the gathers read the stage syncs, the plan's layer split and the network: shared by the
+        # candidates whose configurations differ only in the global batch (evaluate._built shares the
+        # stage syncs), read-only
+        key = ("early gathers", cache.object_key(graph.stages), plan.chunk_layers, cache.network_key(cluster), precision)
+        f_release, gather_end = cache.facts.get_or(key, lambda: _read_only(*_early_gathers(graph, groups, t)))
+    summary = _summary_shared(plan, f_dur, b_dur, f_release)
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
+    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
+                   blocks_key=blocks_key)
+    crit = int(np.argmax(tails.end))
+    breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
+    return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
+                      (f_dur, b_dur, f_release))
+
+
+def _early_gathers(graph: StepGraph, groups: dict, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
+    chunk's first forward waits for the buckets holding its first layer. Returns (release of each
+    (stage, chunk)'s first forward, end of each stage's gathers); `events`: per stage, the gathers'
+    (name, start, end) appended (the timeline's), or None."""
+    plan = graph.plan
+    pp = plan.pp
+    gather_end = np.zeros(pp)
+    f_release = np.zeros((pp, plan.vpp))
     for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
         st = graph.stages[stages[0]]
         if not (st.param_gathers and st.gather_before_forward):
@@ -207,20 +230,18 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             d = t(bs.op)
             first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + stages[0]], 1))
             f_release[stages, bs.chunk] = clock + first_layer * d
-            if keep_block_replays:
+            if events is not None:
                 for s in stages:
-                    gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
-                                         for k in range(bs.count)]
+                    events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d) for k in range(bs.count)]
             clock += bs.count * d
         gather_end[stages] = clock
-    summary = _summary_shared(plan, f_dur, b_dur, f_release)
-    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
-                   blocks_key=blocks_key)
-    crit = int(np.argmax(tails.end))
-    breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
-    return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
-                      (f_dur, b_dur, f_release))
+    return f_release, gather_end
+
+
+def _read_only(*arrays: np.ndarray) -> tuple:
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
 
 
 def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.ndarray) -> PipelineSummary:
