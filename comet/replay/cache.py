@@ -91,8 +91,15 @@ class BytesLRU(LRU):
 
     def put(self, key: Hashable, value: Any) -> None:
         super().put(key, value)
-        while len(self._d) > 1 and sum(getattr(v, "nbytes", 0) for v in self._d.values()) > self.budget:
+        while len(self._d) > 1 and sum(map(_nbytes, self._d.values())) > self.budget:
             self._d.popitem(last=False)
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of a numpy array, or of the arrays of a tuple."""
+    if isinstance(value, tuple):
+        return sum(getattr(v, "nbytes", 0) for v in value)
+    return getattr(value, "nbytes", 0)
 
 
 enabled = True                      # False: every value computed afresh (see disabled())
@@ -110,7 +117,12 @@ facts = LRU(8 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 resolved = LRU(_BLOCK_ENTRIES)      # (model, parallel as given) -> the resolved ParallelConfig (evaluate.resolve)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
-orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task
+# pipeline shape -> task visit order (replay/pipeline.py), 8 B a task; the orders continuing a shorter
+# schedule (replay/prefix.py), 16 B a task
+orders = BytesLRU(32 << 20, 1024)
+# (pipeline shape, task durations and releases as bytes) -> {micro-batches: each stage's clock and idle
+# sums after the tasks it shares with a longer schedule} (replay/prefix.py): ~1.5 KB a state, 8 per entry
+continuations = LRU(1024)
 # (pipeline shape, task durations and releases as bytes) -> PipelineSummary (replay/step.py): a few
 # (pp, vpp) arrays, ~2-10 KB an entry
 summaries = LRU(_BLOCK_ENTRIES)
@@ -285,7 +297,7 @@ def disabled():
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
     for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, network, orders,
-              summaries):
+              summaries, continuations):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
@@ -297,4 +309,5 @@ def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
             (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks),
-             ("network", network), ("orders", orders), ("summaries", summaries))}
+             ("network", network), ("orders", orders), ("summaries", summaries),
+             ("continuations", continuations))}

@@ -10,10 +10,10 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.replay import cache, pipeline
+from comet.replay import cache, pipeline, prefix
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
-from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end
+from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end, stage_tails
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
@@ -196,16 +196,18 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
     if keep_block_replays:
         f_release, gather_end = _early_gathers(graph, groups, t, gather_events)
+        sync_s = None
     else:
-        # perf: the gathers read the stage syncs, the plan's layer split and the network: shared by the
-        # candidates whose configurations differ only in the global batch (evaluate._built shares the
-        # stage syncs), read-only
-        key = ("early gathers", cache.object_key(graph.stages), plan.chunk_layers, cache.network_key(cluster), precision)
-        f_release, gather_end = cache.facts.get_or(key, lambda: _read_only(*_early_gathers(graph, groups, t)))
+        # perf: the sync collectives read the stage syncs, the plan's layer split and the network: shared
+        # by the candidates whose configurations differ only in the global batch (evaluate._built shares
+        # the stage syncs), read-only
+        key = ("sync times", cache.object_key(graph.stages), plan.chunk_layers, cache.network_key(cluster), precision)
+        f_release, gather_end, *sync_s = cache.facts.get_or(key, lambda: _read_only(
+            *_early_gathers(graph, groups, t), *_sync_collective_s(graph, groups, t)))
     summary = _summary_shared(plan, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
     tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
-                   blocks_key=blocks_key)
+                   blocks_key=blocks_key, sync_s=sync_s)
     crit = int(np.argmax(tails.end))
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
@@ -238,6 +240,20 @@ def _early_gathers(graph: StepGraph, groups: dict, t, events: list | None = None
     return f_release, gather_end
 
 
+def _sync_collective_s(graph: StepGraph, groups: dict, t) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
+    all-reduce (stages in increasing order): what kernels.stage_tails reads of the network."""
+    bucket_s = np.array([t(graph.stages[rows[0]].grad_buckets[0].op) if graph.stages[rows[0]].grad_buckets else 0.0
+                         for rows in groups.values()])
+    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in _embedding_stages(graph, groups)])
+    return bucket_s, emb_s
+
+
+def _embedding_stages(graph: StepGraph, groups: dict) -> tuple:
+    return tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
+                        for s in stages))
+
+
 def _read_only(*arrays: np.ndarray) -> tuple:
     for a in arrays:
         a.flags.writeable = False
@@ -249,7 +265,10 @@ def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.nd
     equal bit for bit (clusters that differ in HBM, prices, or a part of the network that no task, send or
     early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
     def run() -> PipelineSummary:
-        summary = summarize(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur, b_dur, f_release)
+        # perf: compiled, a candidate continues the task level of a shorter schedule (fewer micro-batches)
+        # with the same shape and durations (prefix.py: the same figures bit for bit)
+        solve = prefix.summarize if pipeline.HAVE_NUMBA and cache.enabled else summarize
+        summary = solve(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur, b_dur, f_release)
         for a in (summary.compute_end, summary.last_b_start, summary.bubble, summary.gather_wait):
             a.flags.writeable = False     # shared: read-only from here on
         return summary
@@ -287,6 +306,33 @@ class _TailStatics:
     link: np.ndarray
     groups: tuple
     emb: tuple
+    fused: tuple | None = None   # kernels.stage_tails' per-stage / per-group inputs, where it applies
+
+
+def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
+    """kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
+    buckets) and per group the bucket readiness terms; None where a group's buckets are not one chunk's
+    buckets ready in bucket order (the generic path sorts them)."""
+    group_of = np.full(pp, -1, dtype=np.int64)
+    cols: list = []
+    for g, (rows, _, st, terms) in enumerate(statics_groups):
+        if not st.grad_buckets:
+            cols.append((0, 0.0, 0.0, 0.0, 0, 0, False))
+            continue
+        if terms is None:
+            return None
+        bs = st.grad_buckets[0]
+        head, per_layer, all_compute, n = terms
+        offsets = np.full(bs.count, all_compute)
+        if bs.progressive and n > 0:   # bucket_ready_offsets
+            offsets[:-1] = head + np.ceil(np.arange(1, bs.count) * n / bs.count) * per_layer
+        if (offsets[1:] < offsets[:-1]).any():
+            return None
+        group_of[rows] = g
+        cols.append((bs.chunk, head, per_layer, all_compute, n, bs.count, bs.progressive))
+    chunk, head, per_layer, all_compute, n, count, progressive = (np.array(c) for c in zip(*cols))
+    return (group_of, chunk.astype(np.int64), head.astype(float), per_layer.astype(float), all_compute.astype(float),
+            n.astype(np.int64), count.astype(np.int64), progressive.astype(np.bool_), np.array(emb, dtype=np.int64))
 
 
 def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -307,10 +353,9 @@ def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tupl
             terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0]) if len(st.grad_buckets) == 1
                      else None)
             rows_of.append((stages, s0, st, terms))
-        emb = tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
-                           for s in stages))
+        emb = _embedding_stages(graph, groups)
         adam.flags.writeable = link.flags.writeable = False
-        return _TailStatics(adam, link, tuple(rows_of), emb)
+        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(rows_of, pp, emb))
 
     return cache.facts.get_or(("tail statics", cache.object_key(graph), blocks_key, compute_key), build)
 
@@ -364,15 +409,24 @@ def _stage_groups_shared(graph: StepGraph) -> dict:
 
 def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,
            gather_end: np.ndarray, t, blocks, events: list | None = None, dp_rate: np.ndarray | None = None, *,
-           blocks_key: tuple) -> StageTails:
+           blocks_key: tuple, sync_s: list | None = None) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
-    (name, start, end) so far, extended here (for the timeline); None: not recorded."""
+    (name, start, end) so far, extended here (for the timeline); None: not recorded. `sync_s`:
+    _sync_collective_s of this graph and network, where known."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
     statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
     adam, link = statics.adam, statics.link
+    if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
+        # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
+        # arithmetic below, bit for bit; tests/replay/test_contention.py)
+        *per_group, emb = statics.fused
+        optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
+            last_b_start, summary.compute_end, gather_end, dp_rate, *per_group, sync_s[0], emb, sync_s[1], adam, link)
+        return StageTails(summary.compute_end, optimizer_start, optimizer_end,
+                          _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
@@ -434,17 +488,24 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     offload = np.maximum(0.0, link - adam)
     optimizer_start = np.maximum(compute_end, dp_end)
     optimizer_end = optimizer_start + adam + offload
+    end = _after_optimizer(statics, optimizer_end, t, events)
+    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
+
+
+def _after_optimizer(statics: _TailStatics, optimizer_end: np.ndarray, t, events: list | None) -> np.ndarray:
+    """Each stage's end: parameter all-gathers issued after the optimizer (not overlapped with the next
+    step's first forwards) follow it."""
     end = optimizer_end.copy()
     for rows, _, st, _ in statics.groups:
         if st.gather_before_forward:
             continue
         for bs in st.param_gathers:
             d = t(bs.op)
-            if record:
+            if events is not None:
                 for s in rows:
                     events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
             end[rows] += bs.count * d
-    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
+    return end
 
 
 def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:
