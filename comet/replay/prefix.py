@@ -78,22 +78,23 @@ def _order(shape: tuple, schedule: str, pp: int, vpp: int, m: int, m_from: int |
     return value if value[0] is not None else None
 
 
-def summarize(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur: np.ndarray,
-              f_release: np.ndarray) -> PipelineSummary:
+def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: np.ndarray, dur_bits: bytes,
+              release_bits: bytes) -> PipelineSummary:
     """pipeline.summarize (compiled), continued from the longest shorter schedule of the same shape and
-    durations replayed before where there is one; records this schedule's state for longer ones."""
+    durations replayed before where there is one; records this schedule's state for longer ones.
+    dur[(stage * 2 + phase) * vpp + chunk], release[stage * vpp + chunk] (float64, contiguous), and their
+    bytes."""
     interleaved = schedule == "interleaved_1f1b" and vpp > 1
     order_key = (interleaved, pp, vpp, m, schedule == "gpipe")          # pipeline.summarize's
     full = cache.orders.get(order_key)
     if full is None:    # the shape's first candidate: the sweep records its visit order
-        swept = pipeline.summarize(schedule, pp, vpp, m, f_dur, b_dur, f_release)
+        by_phase = dur.reshape(pp, 2, vpp)
+        swept = pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
         full = cache.orders.get(order_key)
         if full is None:
             return swept
-    dur = np.stack((np.asarray(f_dur, dtype=float), np.asarray(b_dur, dtype=float)), axis=1).ravel()
-    release = np.ascontiguousarray(f_release, float).ravel()
     shape = (interleaved, pp, vpp, schedule == "gpipe", schedule)
-    dkey = (shape, dur.tobytes(), release.tobytes())
+    dkey = (shape, dur_bits, release_bits)
     known = cache.continuations.get(dkey)
     run = None
     shorter = [k for k in known if k < m] if known else []

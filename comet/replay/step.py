@@ -264,18 +264,26 @@ def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.nd
     """The task level's per-stage figures, shared by candidates whose task durations and releases are
     equal bit for bit (clusters that differ in HBM, prices, or a part of the network that no task, send or
     early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
+    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    # perf: the kernels' layout, (stage, phase, chunk) durations and (stage, chunk) releases, built once
+    # and read as bytes for the keys
+    dur = np.stack((f_dur, b_dur), axis=1).astype(float, copy=False).ravel()
+    release = np.ascontiguousarray(f_release, dtype=float).ravel()
+    dur_bits, release_bits = dur.tobytes(), release.tobytes()
+
     def run() -> PipelineSummary:
-        # perf: compiled, a candidate continues the task level of a shorter schedule (fewer micro-batches)
-        # with the same shape and durations (prefix.py: the same figures bit for bit)
-        solve = prefix.summarize if pipeline.HAVE_NUMBA and cache.enabled else summarize
-        summary = solve(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur, b_dur, f_release)
+        if pipeline.HAVE_NUMBA and cache.enabled:
+            # perf: compiled, a candidate continues the task level of a shorter schedule (fewer
+            # micro-batches) with the same shape and durations (prefix.py: the same figures bit for bit)
+            summary = prefix.summarize(plan.schedule, pp, vpp, m, dur, release, dur_bits, release_bits)
+        else:
+            summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
         for a in (summary.compute_end, summary.last_b_start, summary.bubble, summary.gather_wait):
             a.flags.writeable = False     # shared: read-only from here on
         return summary
 
     # the solver is part of the key: the numpy fallback equals the compiled one to 1e-12, not bit for bit
-    key = (pipeline.HAVE_NUMBA, plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur.shape, _bits(f_dur),
-           _bits(b_dur), _bits(f_release))
+    key = (pipeline.HAVE_NUMBA, plan.schedule, pp, vpp, m, dur_bits, release_bits)
     return cache.summaries.get_or(key, run)
 
 
@@ -357,7 +365,12 @@ def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tupl
         adam.flags.writeable = link.flags.writeable = False
         return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(rows_of, pp, emb))
 
-    return cache.facts.get_or(("tail statics", cache.object_key(graph), blocks_key, compute_key), build)
+    # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
+    # batch, and the plan's layer split), not by the graph object
+    plan = graph.plan
+    key = ("tail statics", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers, plan.recompute_layers,
+           plan.chunk_layer_kinds, blocks_key, compute_key)
+    return cache.facts.get_or(key, build)
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
@@ -404,7 +417,9 @@ def _stage_groups(graph: StepGraph) -> dict:
 
 
 def _stage_groups_shared(graph: StepGraph) -> dict:
-    return cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
+    plan = graph.plan
+    return cache.facts.get_or(("stage groups", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers),
+                              lambda: _stage_groups(graph))
 
 
 def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,

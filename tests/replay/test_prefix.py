@@ -17,6 +17,11 @@ def _whole(schedule, pp, vpp, m, f, b, release):
         return pipeline.summarize(schedule, pp, vpp, m, f, b, release)
 
 
+def _continued(schedule, pp, vpp, m, f, b, release):
+    dur, rel = np.stack((f, b), axis=1).ravel(), release.ravel()
+    return prefix.summarize(schedule, pp, vpp, m, dur, rel, dur.tobytes(), rel.tobytes())
+
+
 def _equal(a, b) -> None:
     for name in ("compute_end", "last_b_start", "bubble", "gather_wait"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
@@ -33,7 +38,7 @@ def test_continued_task_level_equals_the_whole_replay(schedule, pp, vpp, ms):
         f, b = rng.uniform(0.5, 2.0, (pp, vpp)), rng.uniform(1.0, 4.0, (pp, vpp))
         release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
         for m in ms:
-            _equal(prefix.summarize(schedule, pp, vpp, m, f, b, release), _whole(schedule, pp, vpp, m, f, b, release))
+            _equal(_continued(schedule, pp, vpp, m, f, b, release), _whole(schedule, pp, vpp, m, f, b, release))
     assert len(cache.continuations) == 2
 
 
@@ -42,7 +47,7 @@ def test_1f1b_continues_from_the_shorter_schedule():
     cache.clear()
     pp, f, b, release = 8, np.full((8, 1), 1.0), np.full((8, 1), 2.0), np.zeros((8, 1))
     for m in (16, 32):
-        prefix.summarize("1f1b", pp, 1, m, f, b, release)
+        _continued("1f1b", pp, 1, m, f, b, release)
     order, *_ = prefix._order((False, pp, 1, False, "1f1b"), "1f1b", pp, 1, 32, 16,
                               cache.orders.get((False, pp, 1, 32, False)))
     # stage s shares its 2 * 16 - w_s first tasks (w_s = pp - s - 1 warm-up forwards) with the shorter one
