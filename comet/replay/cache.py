@@ -18,6 +18,7 @@ Caches are LRU-bounded (a few MB) and live per process (per Ray worker). `clear(
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -238,8 +239,12 @@ def block_config(par):
 
 def stage_config(par):
     """The parallel configuration without the global batch, which only the pipeline plan reads (its
-    micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py)."""
-    return replace(par, global_batch=1)
+    micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py).
+    A key, never a configuration to run."""
+    # perf: a copy with one field set (~5 us) instead of dataclasses.replace, which re-runs __init__ (~22 us)
+    key = copy.copy(par)
+    object.__setattr__(key, "global_batch", 1)
+    return key
 
 
 def object_key(obj) -> tuple:

@@ -407,9 +407,10 @@ def cut_visits(code: np.ndarray, pp: int, vpp: int, first: np.ndarray, cut: np.n
     count = first.copy()
     at = np.empty(pp, dtype=np.int64)
     stage = np.empty(pp, dtype=np.int64)
+    stage_of = np.arange(pp * 2 * vpp) // (2 * vpp)       # perf: a table, not a division per task
     k = 0
     for i in range(code.shape[0]):
-        s = (code[i] >> 34) // (2 * vpp)
+        s = stage_of[code[i] >> 34]
         if count[s] == cut[s] - 1:
             at[k] = i
             stage[k] = s
@@ -504,28 +505,29 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
 
 @njit(cache=True, nogil=True)
 def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: np.ndarray, rate: np.ndarray,
-                group_of: np.ndarray, g_chunk: np.ndarray, g_head: np.ndarray, g_per_layer: np.ndarray,
-                g_all: np.ndarray, g_n: np.ndarray, g_count: np.ndarray, g_progressive: np.ndarray, g_dur: np.ndarray,
+                group_of: np.ndarray, terms_f: np.ndarray, terms_i: np.ndarray, g_dur: np.ndarray,
                 emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
     """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
-    ready in bucket order (group g of stage s = group_of[s], -1: no buckets): the DP stream on the shared
-    port (shared_bucket_stream's arithmetic), the tied-embedding all-reduce of stages `emb` (it starts
-    when both ends are ready), the optimizer (step._tails' arithmetic, in the same order). Returns
-    (optimizer_start, optimizer_end, partner_wait, offload) per stage."""
+    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; terms_f[g] = (head, per
+    layer, whole chunk) backward seconds, terms_i[g] = (chunk, layers, buckets, progressive), g_dur[g] a
+    bucket's seconds): the DP stream on the shared port (shared_bucket_stream's arithmetic), the
+    tied-embedding all-reduce of stages `emb` (it starts when both ends are ready), the optimizer
+    (step._tails' arithmetic, in the same order). Returns (optimizer_start, optimizer_end,
+    partner_wait, offload) per stage."""
     pp = compute_end.shape[0]
     dp_end = gather_end.copy()
     for s in range(pp):
         g = group_of[s]
         if g < 0:
             continue
-        count, n, progressive = g_count[g], g_n[g], g_progressive[g]
-        start = last_b_start[s, g_chunk[g]]
+        n, count, progressive = terms_i[g, 1], terms_i[g, 2], terms_i[g, 3] != 0
+        start = last_b_start[s, terms_i[g, 0]]
         prev = gather_end[s]
         for k in range(count):
             if progressive and n > 0 and k < count - 1:
-                offset = g_head[g] + np.ceil(((k + 1) * n) / count) * g_per_layer[g]
+                offset = terms_f[g, 0] + np.ceil(((k + 1) * n) / count) * terms_f[g, 1]
             else:
-                offset = g_all[g]
+                offset = terms_f[g, 2]
             prev = _port_end(start + offset, prev, compute_end[s], rate[s], g_dur[g])
         dp_end[s] = prev
     partner_wait = np.zeros(pp)

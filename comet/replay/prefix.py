@@ -29,9 +29,10 @@ _STATES_PER_DURATIONS = 8   # micro-batch counts kept per (shape, durations): ca
 
 @cache.memoized(256)
 def prefix_lengths(schedule: str, pp: int, vpp: int, m: int) -> np.ndarray:
-    """Per stage, how many of its first tasks the schedule of m micro-batches shares with that of m + 1
-    (read-only)."""
-    cut = _shared(schedule, pp, vpp, m, m + 1)
+    """Per stage, the tasks before its drain (the backwards after its last forward): what a schedule of
+    m micro-batches is expected to share with longer ones of its shape (1F1B and GPipe do; every use is
+    checked first: _agree, kernels.remainder_order). Read-only."""
+    cut = 2 * m * vpp - warmups(schedule, pp, vpp, m).astype(np.int64)
     cut.flags.writeable = False
     return cut
 
@@ -87,11 +88,14 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release
     interleaved = schedule == "interleaved_1f1b" and vpp > 1
     order_key = (interleaved, pp, vpp, m, schedule == "gpipe")          # pipeline.summarize's
     full = cache.orders.get(order_key)
-    if full is None:    # the shape's first candidate: the sweep records its visit order
+    if full is None:
+        # the shape's first candidate: the sweep records its visit order. A process with no recorded state
+        # yet (a one-off evaluation) takes the sweep's figures as they are; in a search, the state is
+        # recorded here too (a replay of the recorded order), for the longer schedules that follow
         by_phase = dur.reshape(pp, 2, vpp)
         swept = pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
         full = cache.orders.get(order_key)
-        if full is None:
+        if full is None or not len(cache.continuations):
             return swept
     shape = (interleaved, pp, vpp, schedule == "gpipe", schedule)
     dkey = (shape, dur_bits, release_bits)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -319,28 +320,29 @@ class _TailStatics:
 
 def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
     """kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
-    buckets) and per group the bucket readiness terms; None where a group's buckets are not one chunk's
+    buckets), per group the bucket readiness terms (head, per layer, whole chunk) and (chunk, layers,
+    buckets, progressive), the tied-embedding stages; None where a group's buckets are not one chunk's
     buckets ready in bucket order (the generic path sorts them)."""
     group_of = np.full(pp, -1, dtype=np.int64)
-    cols: list = []
+    terms_f, terms_i = [], []
     for g, (rows, _, st, terms) in enumerate(statics_groups):
         if not st.grad_buckets:
-            cols.append((0, 0.0, 0.0, 0.0, 0, 0, False))
+            terms_f.append((0.0, 0.0, 0.0))
+            terms_i.append((0, 0, 0, 0))
             continue
         if terms is None:
             return None
         bs = st.grad_buckets[0]
         head, per_layer, all_compute, n = terms
-        offsets = np.full(bs.count, all_compute)
-        if bs.progressive and n > 0:   # bucket_ready_offsets
-            offsets[:-1] = head + np.ceil(np.arange(1, bs.count) * n / bs.count) * per_layer
-        if (offsets[1:] < offsets[:-1]).any():
+        # bucket_ready_offsets (the kernel's arithmetic): ready in bucket order?
+        offsets = [head + math.ceil((k + 1) * n / bs.count) * per_layer if bs.progressive and n > 0 else all_compute
+                   for k in range(bs.count - 1)] + [all_compute]
+        if any(b < a for a, b in zip(offsets, offsets[1:])):
             return None
         group_of[rows] = g
-        cols.append((bs.chunk, head, per_layer, all_compute, n, bs.count, bs.progressive))
-    chunk, head, per_layer, all_compute, n, count, progressive = (np.array(c) for c in zip(*cols))
-    return (group_of, chunk.astype(np.int64), head.astype(float), per_layer.astype(float), all_compute.astype(float),
-            n.astype(np.int64), count.astype(np.int64), progressive.astype(np.bool_), np.array(emb, dtype=np.int64))
+        terms_f.append((head, per_layer, all_compute))
+        terms_i.append((bs.chunk, n, bs.count, int(bs.progressive)))
+    return group_of, np.array(terms_f, dtype=float), np.array(terms_i, dtype=np.int64), np.array(emb, dtype=np.int64)
 
 
 def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -437,9 +439,10 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
-        *per_group, emb = statics.fused
+        group_of, terms_f, terms_i, emb = statics.fused
         optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
-            last_b_start, summary.compute_end, gather_end, dp_rate, *per_group, sync_s[0], emb, sync_s[1], adam, link)
+            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms_f, terms_i, sync_s[0], emb,
+            sync_s[1], adam, link)
         return StageTails(summary.compute_end, optimizer_start, optimizer_end,
                           _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
