@@ -79,6 +79,10 @@ class LRU:
         self._d.clear()
         self.hits = self.misses = 0
 
+    def items(self) -> list:
+        """(key, value) pairs, least recently used first (not counted as uses)."""
+        return list(self._d.items()) if enabled else []
+
     def __len__(self) -> int:
         return len(self._d)
 

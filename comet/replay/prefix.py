@@ -107,6 +107,13 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release
         run = _order(shape, schedule, pp, vpp, m, m_from, full)
         if run is not None:
             prev0, bubble0, wait0 = known[m_from]
+    elif known is None:
+        # perf: durations seen for the first time (another cluster): prepare the continuation of this
+        # schedule from the longest shorter one recorded under other durations, which their later
+        # candidates of this shape will want (built here once rather than on one of those)
+        others = [k for key, states in cache.continuations.items() if key[0] == shape for k in states if k < m]
+        if others:
+            _order(shape, schedule, pp, vpp, m, max(others), full)
     if run is None:
         run = _order(shape, schedule, pp, vpp, m, None, full)
         prev0 = bubble0 = wait0 = np.zeros(pp)
