@@ -9,7 +9,9 @@ Sources of the defaults:
 - Megatron-LM / Megatron-Core `megatron/training/arguments.py`: micro-batch 1, no distributed optimizer
   (ZeRO 0), no sequence parallelism, no --overlap-grad-reduce / --overlap-param-gather /
   --tp-comm-overlap, no recompute, TE fused attention, gradients accumulated and reduced in FP32
-  (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp.
+  (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp, the unfused fp32
+  cross-entropy (megatron-core 0.8.0 model_parallel_config.py `cross_entropy_loss_fusion = False`;
+  `loss_impl` megatron; the 2021-22 code, mpu/cross_entropy.py on `output.float()`, has the same steps).
 - Megatron-LM of the 2021-2022 papers (Narayanan SC21, Korthikanti MLSys23, both on A100): fp16 mixed
   precision, unfused softmax attention, no distributed optimizer, grad all-reduce after the backward
   ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3). Versions up to
@@ -109,12 +111,15 @@ class FrameworkDefaults:
 
 _MEGATRON_CORE = FrameworkDefaults(
     "megatron-lm", zero=0, fsdp_impl="megatron", uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
-    overlap_param_gather=False,
+    overlap_param_gather=False, loss_impl="megatron",
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
+           "loss_impl": "Megatron-Core cross_entropy_loss_fusion defaults to False (model_parallel_config.py): "
+                        "the unfused fp32 vocab_parallel_cross_entropy",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
 _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
                          overlap_p2p_comm=False, uneven_pipeline=False, bf16_grad_reduce=False,
-                         notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
+                         notes={"loss_impl": _MEGATRON_CORE.notes["loss_impl"],
+                                "precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
 _NEMO = FrameworkDefaults("nemo", zero=1, fsdp_impl="megatron", overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
                           uneven_pipeline=True, interleave=True,

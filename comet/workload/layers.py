@@ -25,6 +25,23 @@ from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 ACT_BYTES = 2   # bf16/fp16 activations
 FP8_BYTES = 1
 
+# HBM bytes per logit (tokens x vocab / tp) the loss moves: (forward, backward), by implementation
+# (ParallelConfig.loss_impl; the bytes it keeps are comet/workload/memory.py LOSS_LOGIT_BYTES).
+#  fused: one pass that reads the 16-bit logits and writes the fp32 softmax (2 + 4) plus a reduction
+#    re-read (4); the backward reads it and writes the 16-bit gradient (4 + 2).
+#  eager: PyTorch eager F.cross_entropy(pred.float()) (torchtitan before 0.1.0): cast (read 2, write 4),
+#    log_softmax (4 + 4), nll_loss (a gather); backward: nll_loss_backward writes a zero fp32 gradient
+#    (4), log_softmax_backward reads it and the saved output and writes a new one (4 + 4 + 4), and the
+#    cast's backward returns 16 bits (4 + 2): 14 and 22.
+#  megatron: Megatron-Core's unfused vocab_parallel_cross_entropy, its default (ModelParallelConfig
+#    cross_entropy_loss_fusion = False; megatron-core 0.8.0 tensor_parallel/cross_entropy.py), one kernel
+#    per line: logits.float() (2 + 4), max (4), in-place subtract of the max (4 + 4), exp (4 + 4), sum
+#    (4), div_ by the sum to the saved softmax (4 + 4): 38; backward: the scatter at the targets, mul_ by
+#    the output gradient (4 + 4) and the cast's backward to 16 bits (4 + 2): 14.
+LOSS_HBM_BYTES = {"fused": (ACT_BYTES + 4 * 2, 4 + ACT_BYTES),
+                  "eager": (ACT_BYTES + 4 + 4 * 2, 4 + 4 * 3 + 4 + ACT_BYTES),
+                  "megatron": (ACT_BYTES + 4 + 4 + 4 * 2 + 4 * 2 + 4 + 4 * 2, 4 * 2 + 4 + ACT_BYTES)}
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -480,7 +497,7 @@ def head_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     bb = BlockBuilder(Phase.FORWARD, par, model)
     x = norm(bb, D, "final_norm", [])
     x = tp_in(bb, D, "logits", D.T, D.V // D.t, D.h, x)
-    x = [bb.memory("cross_entropy", D.T * D.V // D.t * (ACT_BYTES + 4 * 2), x)]
+    x = [bb.memory("cross_entropy", D.T * D.V // D.t * LOSS_HBM_BYTES[par.loss_impl][0], x)]
     if D.t > 1:
         for what in ("max", "sum_exp", "target"):
             x = [bb.collective(f"cross_entropy.all_reduce_{what}", Collective.ALL_REDUCE, D.T * 4, GroupKind.TP, x)]
@@ -490,7 +507,7 @@ def head_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
 def head_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     D = Dims.of(model, par)
     bb = BlockBuilder(Phase.BACKWARD, par, model)
-    x = [bb.memory("cross_entropy.bwd", D.T * D.V // D.t * (4 + ACT_BYTES), [])]
+    x = [bb.memory("cross_entropy.bwd", D.T * D.V // D.t * LOSS_HBM_BYTES[par.loss_impl][1], [])]
     x = col_backward(bb, D, "logits", D.V // D.t, x)
     norm(bb, D, "final_norm.bwd", x, backward=True)
     return bb.done()
