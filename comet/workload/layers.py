@@ -485,7 +485,16 @@ def embedding_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     bb = BlockBuilder(Phase.BACKWARD, par, model)
     x = [bb.memory("embedding.dropout.bwd", D.Ts * D.h * (2 * ACT_BYTES + 1), [])]
     x = grad_in(bb, D, "embedding", x)
-    bb.memory("embedding.grad_scatter_add", D.T * D.h * 4 * 2, x)   # fp32 main-grad rows
+    # F.embedding's weight gradient is dense: a zero V/t x h tensor in the weight's 16-bit dtype with the
+    # T gradient rows accumulated into it (torch/_decomp/decompositions.py embedding_dense_backward:
+    # new_zeros + index_put accumulate): write 2 B per weight; read 2 per row element, read + write 2 + 2
+    x = [bb.memory("embedding.grad_scatter_add", D.V // D.t * D.h * ACT_BYTES + D.T * D.h * ACT_BYTES * 3, x)]
+    if not (par.fsdp and par.fsdp_impl == "torch"):
+        # Megatron-Core's DDP hook adds it into the fp32 main gradient each micro-batch
+        # (megatron-core 0.8.0 distributed/distributed_data_parallel.py _make_param_hook:
+        # param.main_grad.add_(param.grad.data)): read 4 + 2, write 4 per weight. PyTorch FSDP hands the
+        # 16-bit gradient to its reduce-scatter instead.
+        bb.memory("embedding.main_grad_add", D.V // D.t * D.h * (4 + ACT_BYTES + 4), x)
     return bb.done()
 
 

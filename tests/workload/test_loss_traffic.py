@@ -1,5 +1,6 @@
-"""HBM traffic of the cross-entropy by implementation, hand-computed on a tiny model (tests/workload/conftest.py:
-vocab 1000 untied, no padding, s 128), micro-batch 2 at tp 2: logits per rank T x V/t = 256 x 500 = 128,000."""
+"""HBM traffic of the cross-entropy by implementation and of the embedding's weight gradient, hand-computed
+on a tiny model (tests/workload/conftest.py: vocab 1000 untied, no padding, s 128), micro-batch 2 at tp 2:
+logits per rank T x V/t = 256 x 500 = 128,000."""
 
 from __future__ import annotations
 
@@ -51,3 +52,26 @@ def test_megatron_lm_defaults_to_the_unfused_loss():
     assert defaults_for("megatron-lm", "Megatron-Core r0.8.0").loss_impl == "megatron"
     assert defaults_for("megatron-lm", "2021").loss_impl == "megatron"
     assert "cross_entropy_loss_fusion" in defaults_for("megatron-lm").notes["loss_impl"]
+
+
+def _names(block) -> set:
+    return {d["op"].name for _, d in block.nodes(data=True)}
+
+
+def test_embedding_weight_gradient_is_dense_and_added_to_the_main_gradient(tiny):
+    """F.embedding's backward zero-fills a V/t x h = 500 x 64 16-bit gradient (64,000 B) and accumulates
+    the T = 256 rows into it (256 x 64 x 2 B read, 2 + 2 read-modify-write: 98,304 B); Megatron's DDP hook
+    then adds it into the fp32 main gradient: 500 x 64 x (4 + 2 + 4) = 320,000 B."""
+    from comet.workload.layers import embedding_backward
+    block = embedding_backward(tiny, _par(tiny, "fused"))
+    assert _bytes(block, "embedding.grad_scatter_add") == 64_000 + 98_304
+    assert _bytes(block, "embedding.main_grad_add") == 320_000
+
+
+def test_pytorch_fsdp_has_no_main_gradient_add(tiny):
+    from comet.workload.layers import embedding_backward
+    par = ParallelConfig(global_batch=8, tp=1, pp=1, dp=4, micro_batch=2, zero=3, fsdp=True).resolve(tiny)
+    block = embedding_backward(tiny, par)
+    assert "embedding.main_grad_add" not in _names(block)
+    # tp 1: V x h = 1000 x 64 zero-filled (128,000 B) plus the 256 rows (98,304 B)
+    assert _bytes(block, "embedding.grad_scatter_add") == 128_000 + 98_304
