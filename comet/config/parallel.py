@@ -77,6 +77,10 @@ class ParallelConfig:
     # Which flash-attention kernels: fused (Transformer Engine / cuDNN / FlashAttention-3 on Hopper) or fa2
     # (PyTorch SDPA's flash backend, the flash-attn 2 package; comet/hardware/compute.py attention_time_s)
     attention_kernel: str = "fused"
+    # Q, K, V gathered into flash-attn's packed (varlen) layout and the output scattered back, in every
+    # layer (flash_attn.bert_padding unpad_input / pad_input, as llm-foundry's flash_attn_fn calls them):
+    # memory-bound copies around the attention kernel (comet/workload/layers.py unpad_copies)
+    attention_unpad: bool = False
     offload: tuple[OffloadTarget, ...] = ()
     # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
     ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]

@@ -32,6 +32,9 @@ Sources of the defaults:
   modes (composer/trainer/mosaic_fsdp_utils.py get_mixed_precision) gather the weights in the autocast
   dtype (bf16) in DEFAULT and PURE alike (no fp32 all-gathers) and reduce in fp32 (DEFAULT) or bf16 (PURE,
   the llm-foundry yamls' fsdp_config). ZeRO 2 there is FSDP SHARD_GRAD_OP (`shard_grad_op`; docs/fsdp.md).
+  Its flash_attn_fn gathers Q, K and V into flash-attn's packed varlen layout and scatters the output back
+  in every layer (`bert_padding.unpad_input` / `index_first_axis` and `pad_input`, llm-foundry 0.3.0 to
+  0.8.0 llmfoundry/models/layers/attention.py: `attention_unpad`).
 - MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash;
   `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
 - torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
@@ -95,6 +98,7 @@ class FrameworkDefaults:
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     loss_impl: str = "fused"                 # cross-entropy memory: fused (in place / compiled) or eager
     fsdp_impl: str = "torch"                 # a stated fsdp: PyTorch FSDP (torch) or Megatron-FSDP (megatron)
+    attention_unpad: bool = False            # flash-attn varlen layout: Q/K/V gathered, output scattered per layer
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
@@ -143,7 +147,7 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
                                    flops_formula="palm_6n"),
     "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, shard_grad_op=True, overlap_param_gather=False,
                                      vocab_pad_to=1, attention_kernel="fa2", flops_formula="llm_foundry",
-                                     reduce_dtype="bf16",
+                                     reduce_dtype="bf16", attention_unpad=True,
                                      notes={"shard_grad_op": "llm-foundry fsdp_config sharding_strategy "
                                             "SHARD_GRAD_OP: per-module gathers before each forward, "
                                             "gradients reduce-scattered per module after its backward",

@@ -380,13 +380,32 @@ def dense_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> De
     return col_backward(bb, D, f"{name}fc1", D.gate * D.f // D.t, x)
 
 
+def unpad_copies(bb: BlockBuilder, D: Dims, x: Deps, backward: bool, before: bool) -> Deps:
+    """The copies into and out of flash-attn's packed (varlen) layout where the framework makes them
+    (ParallelConfig.attention_unpad; flash_attn/bert_padding.py). Forward, before the kernel:
+    `index_first_axis` gathers Q, K and V (read 2 + write 2 B per element); after it, `pad_input` zero-fills
+    the padded output and scatters into it (2 + 2 + 2). Backward, before: the output gradient gathered
+    back (2 + 2); after: Q, K and V gradients zero-filled and scattered (2 + 2 + 2 each). Per rank the
+    tensors are T x q/t (Q, output) and T x kv/t (K, V)."""
+    if not bb.par.attention_unpad:
+        return x
+    q, kv = D.T * D.q // D.t, D.T * D.kv // D.t
+    if before:
+        nbytes = q * 2 * ACT_BYTES if backward else (q + 2 * kv) * 2 * ACT_BYTES
+        return [bb.memory("attention.pad_grad_gather" if backward else "attention.unpad_qkv", nbytes, x)]
+    nbytes = (q + 2 * kv) * 3 * ACT_BYTES if backward else q * 3 * ACT_BYTES
+    return [bb.memory("attention.unpad_qkv.bwd" if backward else "attention.pad_output", nbytes, x)]
+
+
 def attention_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     """QKV projection, attention core, output projection (MLA: comet/workload/mla.py)."""
     if bb.model.mla is not None:
         from comet.workload import mla
         return mla.forward(bb, D, x)
     x = tp_in(bb, D, "qkv", D.T, (D.q + 2 * D.kv) // D.t, D.h, x)
+    x = unpad_copies(bb, D, x, backward=False, before=True)
     x = attention_core(bb, D, x, backward=False)
+    x = unpad_copies(bb, D, x, backward=False, before=False)
     return tp_out(bb, D, "proj", D.T, D.h, D.q // D.t, x)
 
 
@@ -395,7 +414,9 @@ def attention_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
         from comet.workload import mla
         return mla.backward(bb, D, x)
     x = row_backward(bb, D, "proj", D.q // D.t, x)
+    x = unpad_copies(bb, D, x, backward=True, before=True)
     x = attention_core(bb, D, x, backward=True)
+    x = unpad_copies(bb, D, x, backward=True, before=False)
     return col_backward(bb, D, "qkv", (D.q + 2 * D.kv) // D.t, x)
 
 
