@@ -382,10 +382,11 @@ def dense_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> De
 
 def unpad_copies(bb: BlockBuilder, D: Dims, x: Deps, backward: bool, before: bool) -> Deps:
     """The copies into and out of flash-attn's packed (varlen) layout where the framework makes them
-    (ParallelConfig.attention_unpad; flash_attn/bert_padding.py). Forward, before the kernel:
-    `index_first_axis` gathers Q, K and V (read 2 + write 2 B per element); after it, `pad_input` zero-fills
-    the padded output and scatters into it (2 + 2 + 2). Backward, before: the output gradient gathered
-    back (2 + 2); after: Q, K and V gradients zero-filled and scattered (2 + 2 + 2 each). Per rank the
+    (ParallelConfig.attention_unpad; flash-attn 2.3.2 flash_attn/bert_padding.py IndexFirstAxis,
+    IndexPutFirstAxis). Forward, before the kernel: `index_first_axis` gathers Q, K and V (torch.gather:
+    read 2 + write 2 B per element); after it, `pad_input` zero-fills the padded output and index-puts into
+    it (2 + 2 + 2). Backward, before: the output gradient gathered back (`grad_output[indices]`, 2 + 2);
+    after: Q, K and V gradients zero-filled and scattered (`torch.zeros` + `scatter_`, 2 + 2 + 2 each). Per rank the
     tensors are T x q/t (Q, output) and T x kv/t (K, V)."""
     if not bb.par.attention_unpad:
         return x
