@@ -77,6 +77,10 @@ class ParallelConfig:
     # Which flash-attention kernels: fused (Transformer Engine / cuDNN / FlashAttention-3 on Hopper) or fa2
     # (PyTorch SDPA's flash backend, the flash-attn 2 package; comet/hardware/compute.py attention_time_s)
     attention_kernel: str = "fused"
+    # Q, K, V gathered into flash-attn's packed (varlen) layout and the output scattered back, in every
+    # layer (flash_attn.bert_padding unpad_input / pad_input, as llm-foundry's flash_attn_fn calls them):
+    # memory-bound copies around the attention kernel (comet/workload/layers.py unpad_copies)
+    attention_unpad: bool = False
     offload: tuple[OffloadTarget, ...] = ()
     # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
     ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]
@@ -112,7 +116,9 @@ class ParallelConfig:
     zero3_live_params: float | None = None
     # How the cross-entropy holds the logits (comet/workload/memory.py LOSS_LOGIT_BYTES): fused (Megatron's
     # vocab-parallel loss in place on an fp32 copy; a compiled PyTorch loss) or eager (PyTorch eager
-    # F.cross_entropy on pred.float(): fp32 copy, saved fp32 log-softmax and two fp32 gradients).
+    # F.cross_entropy on pred.float(): fp32 copy, saved fp32 log-softmax and two fp32 gradients) or
+    # megatron (Megatron-Core's unfused default: the memory of fused, one kernel per step; the HBM
+    # traffic of each is comet/workload/layers.py LOSS_HBM_BYTES).
     loss_impl: str = "fused"
     # Whose FSDP (zero >= 3 with fsdp): torch (PyTorch FSDP1/FSDP2, JAX: the fp32 shard is the parameter and
     # the optimizer's master; the root module stays gathered) or megatron (Megatron-FSDP: a bf16 parameter
@@ -226,7 +232,8 @@ class ParallelConfig:
         rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
         rule(self.attention_kernel in ("fused", "fa2"), "attention_kernel",
              f"must be fused or fa2, got {self.attention_kernel!r}")
-        rule(self.loss_impl in ("fused", "eager"), "loss_impl", f"must be fused or eager, got {self.loss_impl!r}")
+        rule(self.loss_impl in ("fused", "eager", "megatron"), "loss_impl",
+             f"must be fused, eager or megatron, got {self.loss_impl!r}")
         rule(self.fsdp_impl in ("torch", "megatron"), "fsdp_impl", f"must be torch or megatron, got {self.fsdp_impl!r}")
         rule(self.dp_collective in ("hierarchical", "flat"), "dp_collective",
              f"must be hierarchical or flat, got {self.dp_collective!r}")
