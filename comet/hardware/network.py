@@ -381,12 +381,11 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
-def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec,
+def _hop_time_s(msg_bytes: float, level: int, distance: int, levels: tuple[NetworkDim, ...],
                 cap_Bps: float = math.inf) -> float:
-    """One send over network level `level` (index into cluster.levels) at one port's rate; `distance`
+    """One send over network level `level` (index into `levels`, the cluster's) at one port's rate; `distance`
     (global ranks between sender and receiver) sets the topology share on a ring dimension; `cap_Bps`:
     the rate the send's NCCL channels are sized for, where lower than the port's (p2p_channels.py)."""
-    levels = cluster.levels
     below = levels[level - 1].size if level > 0 else 1
     dim = levels[level]
     ports = dim.size // below if dim.size else 0
@@ -397,12 +396,12 @@ def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpe
     return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
 
 
-def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
+def _level_holding(a: int, b: int, levels: tuple[NetworkDim, ...]) -> int:
     """Index of the innermost level whose domain holds both global ranks a and b."""
-    for i, dim in enumerate(cluster.levels):
+    for i, dim in enumerate(levels):
         if dim.size == 0 or a // dim.size == b // dim.size:
             return i
-    return len(cluster.levels) - 1
+    return len(levels) - 1
 
 
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int = 0,
@@ -422,7 +421,7 @@ def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int
         cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
     else:   # inside the NVLink domain: the channels of a single-node communicator (p2p_channels.py)
         cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
-    return _hop_time_s(msg_bytes, level, distance, cluster, cap)
+    return _hop_time_s(msg_bytes, level, distance, levels, cap)
 
 
 def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
@@ -438,5 +437,6 @@ def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: Clus
     if msg_bytes <= 0 or size <= 1:
         return 0.0
     members = [i * stride for i in range(size)]
-    levels = {_level_holding(a, b, cluster) for a, b in zip(members, members[1:] + members[:1])}
-    return max(_hop_time_s(msg_bytes, level, stride, cluster) for level in levels)
+    levels = cluster.levels      # perf: a property hashing the network on every read
+    crossed = {_level_holding(a, b, levels) for a, b in zip(members, members[1:] + members[:1])}
+    return max(_hop_time_s(msg_bytes, level, stride, levels) for level in crossed)
