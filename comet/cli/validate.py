@@ -127,13 +127,18 @@ def run(args) -> int:
     if h.n:
         console.print(f"held-out rows: n={h.n}, MAPE {h.mape:.2f}%, max |error| {h.max_abs:.1f}%", soft_wrap=True)
     s = val.summary
-    for name, key, cov in (("time metrics", "time_metrics", "time_coverage"),
+    for name, key, cov in (("time metrics (iteration time, tokens/s, TFLOP/s, MFU)", "time_metrics", "time_coverage"),
                            ("time metrics, dense models", "time_metrics_dense", "time_coverage_dense")):
         st, c = s[key], s[cov]
         console.print(f"{name}: MAPE {st.mape:.2f}% over {st.n} rows (held out: "
                       f"{s[key + '_held_out'].mape:.2f}%); "
                       f"{c['ok']} of {c['rows']} predicted ({100 * c['ok'] / max(c['rows'], 1):.1f}%), "
                       f"{c['infeasible']} infeasible", soft_wrap=True)
+    if s["time_to_train"].n:
+        console.print(f"time to train (includes periodic evaluation, not modelled): MAPE {s['time_to_train'].mape:.2f}% "
+                      f"over {s['time_to_train'].n} rows; with the time metrics: "
+                      f"{s['time_metrics_with_time_to_train'].mape:.2f}% over {s['time_metrics_with_time_to_train'].n}",
+                      soft_wrap=True)
     if s["memory"].n:
         console.print(f"memory rows: MAPE {s['memory'].mape:.2f}% over {s['memory'].n} rows", soft_wrap=True)
     for w in val.warnings:

@@ -182,7 +182,8 @@ def _log_error(preds: list[Prediction]) -> float:
 
 def fit_gpu(cases: list[Case], base: ClusterSpec, cluster_file: str) -> FitResult:
     rows = [c for c in cases if c.cluster_file == cluster_file and not c.skip_reason and not c.held_out
-            and c.metric not in MEMORY_METRICS]          # memory does not depend on the efficiencies
+            and c.metric not in MEMORY_METRICS            # memory does not depend on the efficiencies
+            and c.metric != "time_to_train_min"]          # counts evaluation passes comet does not model
     base_cache = ClusterCache(".", {cluster_file: base})
     rows = [c for c in rows if predict(c, base_cache).status == "ok"]   # infeasible rows cannot inform a rate
     prior = PRIORS[cluster_file]

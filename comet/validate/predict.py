@@ -106,7 +106,7 @@ def metric_from_result(case: Case, res: Result, cluster: ClusterSpec) -> float:
 def _measured_memory(case: Case, cluster: ClusterSpec, total_GB: float) -> float:
     """The footprint as the row's memory_measure reads it (nvidia-smi, reserved or allocated), in the
     row's unit."""
-    gb = measured_GB(total_GB, case.parallel, cluster, case.memory_measure)
+    gb = measured_GB(total_GB, case.parallel.resolve(case.model), cluster, case.memory_measure)   # dp from gpus
     return gb * 1e9 / GIB if case.metric == "memory_gib_per_gpu" else gb
 
 
