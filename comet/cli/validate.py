@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", metavar="OUT", help="write {rows, summary} as JSON")
     p.add_argument("--fit", action="store_true",
                    help="calibrate the efficiency parameters first and write them into cluster_specs/*.yaml")
-    p.add_argument("--no-write", action="store_true", help="with --fit: report the fit, leave the YAML alone")
+    p.add_argument("--no-write", action="store_true", help="with --fit: report the fit and validate with it, leave the YAML alone")
     p.add_argument("--docs", nargs="?", const="", metavar="MD",
                    help=f"write the markdown report (default path {DEFAULT_DOCS}; always written after --fit)")
     p.add_argument("--specs", metavar="DIR", help="cluster spec folder (default: the repository's cluster_specs)")
@@ -101,6 +101,15 @@ def run(args) -> int:
         cases = load_cases(csv)
         warnings = structural_warnings(cases)
         fits = fit_all(cases, specs)
+        if args.no_write:   # validate with the fitted values, written into a scratch copy of the specs
+            import atexit
+            import shutil
+            import tempfile
+            scratch_root = tempfile.mkdtemp(prefix="comet-fit-")
+            atexit.register(shutil.rmtree, scratch_root, ignore_errors=True)
+            scratch = Path(scratch_root) / "cluster_specs"
+            shutil.copytree(specs, scratch)
+            specs = scratch
         for fit in fits:
             console.print(f"[bold]fit {fit.cluster_file}[/bold]: {fit.train_rows} rows "
                           f"({fit.held_out_rows} held out), loss {fit.loss_start:.4f} -> {fit.loss_end:.4f}, "
@@ -110,8 +119,9 @@ def run(args) -> int:
                 console.print(f"  {k:45s} {fit.start[k]:>10.4g} -> {v:<10.4g}{note}")
             for k, v in fit.derived.items():
                 console.print(f"  {k:45s} {'derived':>10s} -> {v:<10.4g}")
+            written = write_fit(fit, specs, csv.name, command, warnings)
             if not args.no_write:
-                console.print(f"  written to {write_fit(fit, specs, csv.name, command, warnings)}")
+                console.print(f"  written to {written}")
     val = run_validation(csv, specs)
     if not args.quiet:
         console.print(_rows_table(val))

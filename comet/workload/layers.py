@@ -86,12 +86,13 @@ class BlockBuilder:
                 self.deps.append((u, nid))
         return nid
 
-    def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1) -> int:
+    def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1, cast_done: bool = False) -> int:
         """A GEMM; under FP8 the layer GEMMs run in FP8 (Transformer Engine or torchao) while the output
         layer stays BF16 (Megatron's output layer is a plain ColumnParallelLinear, not a TE module) and so
-        do the batched attention GEMMs; the casts to FP8 are memory-bound kernels (`_fp8_casts`)."""
+        do the batched attention GEMMs; the casts to FP8 are memory-bound kernels (`_fp8_casts`), unless
+        `cast_done` (the operand was cast before a gather: `fp8_gather`)."""
         fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
-        if fp8:
+        if fp8 and not cast_done:
             after = self._fp8_casts(name, m, n, k, after)
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
                             flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
@@ -126,6 +127,16 @@ class BlockBuilder:
             amax = self.memory(f"{name}.fp8_amax_{what}", elements * ACT_BYTES, deps)
             deps = [self.memory(f"{name}.fp8_cast_{what}", elements * (ACT_BYTES + FP8_BYTES), [amax])]
         return deps
+
+    def fp8_gather(self, name: str) -> bool:
+        """Whether the sequence-parallel all-gather feeding GEMM `name` moves FP8 data. Transformer Engine
+        casts the rank's own shard and gathers the FP8 tensor, 1 byte per element (TE 1.11):
+        LayerNormLinear's norm kernel writes FP8 and `gather_along_first_dim` gathers that `ln_out`
+        (qkv, fc1; the wgrad's re-gather of the saved input likewise); `grad_output_preprocess` "FP8 case
+        with gather: unfused bgrad, cast, transpose for efficient gather" (the proj / fc2 dgrad); with
+        userbuffers the all-gather buffers are FP8 ("AllGather buffers use fp8 when using fp8 recipe",
+        module/base.py initialize_ub). Not the BF16 output layer, nor torchao (casts after the gather)."""
+        return self.fp8 and self.par.fp8_impl == "te" and not name.startswith("logits")
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
         return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
@@ -186,25 +197,42 @@ def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str
 Deps = list
 
 
+# Transformer Engine's userbuffers overlap of proj_fprop / fc2_fprop: method `pipeline`, the GEMM split
+# into 4 chunks whatever the TP size (TE 1.11 module/base.py initialize_ub: `"num_splits": 4 if method ==
+# "pipeline" else tp_size`; NeMo 2.0 recipes/tp_overlap_configs/userbuffers.py: PipelineOverlapCfg(...,
+# num_splits=4) for every H100 shape it lists)
+TP_RS_SPLITS = 4
+
+
 def tp_in(bb: BlockBuilder, D: Dims, name: str, m: int, n: int, k: int, deps: Deps) -> Deps:
-    """Column-parallel GEMM whose input is all-gathered first under sequence parallelism; with
-    overlap_tp_comm the gather and the GEMM are split into tp chunks and pipelined (Megatron
-    --tp-comm-overlap ring exchange)."""
+    """Column-parallel GEMM whose m x k input is all-gathered first under sequence parallelism; with
+    overlap_tp_comm the gather and the GEMM are split into tp chunks and pipelined as Transformer
+    Engine's userbuffers ring exchange runs them (TE 1.11 initialize_ub: method `ring_exchange` for
+    qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; `UbufP2PCommOverlap::split_overlap_ag`): the first
+    chunk is the rank's own shard, computed while it is sent on, and each of the tp - 1 ring steps
+    brings one shard (1/tp of the gathered input) for the next chunk. Under FP8 the shard is cast once
+    and gathered in FP8 (BlockBuilder.fp8_gather)."""
     if not D.sp:
         return [bb.gemm(name, m, n, k, deps)]
-    msg = D.T * D.h * ACT_BYTES
+    fp8 = bb.fp8_gather(name)
+    if fp8:   # TE casts the rank's own shard, then gathers FP8
+        deps = bb._fp8_casts(name, m // D.t, n, k, deps)
+    msg = m * k * (FP8_BYTES if fp8 else ACT_BYTES)
     if not bb.par.overlap_tp_comm:
         ag = bb.collective(f"{name}.all_gather", Collective.ALL_GATHER, msg, GroupKind.TP, deps)
-        return [bb.gemm(name, m, n, k, [ag])]
-    prev = None
-    for j in range(D.t):
-        ag = bb.collective(f"{name}.all_gather[{j}]", Collective.ALL_GATHER, msg / D.t, GroupKind.TP, deps)
-        prev = bb.gemm(f"{name}[{j}]", m // D.t, n, k, [ag, prev])
+        return [bb.gemm(name, m, n, k, [ag], cast_done=fp8)]
+    prev = bb.gemm(f"{name}[0]", m // D.t, n, k, deps, cast_done=fp8)
+    for j in range(1, D.t):
+        # an all-gather of msg / (tp - 1) delivers (tp - 1) / tp of it to each rank: one shard, msg / tp
+        step = bb.collective(f"{name}.all_gather[{j}]", Collective.ALL_GATHER, msg / (D.t - 1), GroupKind.TP, deps)
+        prev = bb.gemm(f"{name}[{j}]", m // D.t, n, k, [step, prev], cast_done=fp8)
     return [prev]
 
 
 def tp_out(bb: BlockBuilder, D: Dims, name: str, m: int, n: int, k: int, deps: Deps) -> Deps:
-    """Row-parallel GEMM followed by the reduction of its partial sums over the TP group."""
+    """Row-parallel GEMM followed by the reduction of its partial sums over the TP group; with
+    overlap_tp_comm (under sequence parallelism) the GEMM and its reduce-scatter are pipelined in
+    TP_RS_SPLITS chunks, the last chunk's reduce-scatter exposed."""
     if D.t == 1:
         return [bb.gemm(name, m, n, k, deps)]
     msg = D.T * D.h * ACT_BYTES
@@ -213,9 +241,9 @@ def tp_out(bb: BlockBuilder, D: Dims, name: str, m: int, n: int, k: int, deps: D
         g = bb.gemm(name, m, n, k, deps)
         return [bb.collective(f"{name}.{kind.value}", kind, msg, GroupKind.TP, [g])]
     tail = []
-    for j in range(D.t):
-        g = bb.gemm(f"{name}[{j}]", m // D.t, n, k, deps)
-        tail = [bb.collective(f"{name}.{kind.value}[{j}]", kind, msg / D.t, GroupKind.TP, [g])]
+    for j in range(TP_RS_SPLITS):
+        g = bb.gemm(f"{name}[{j}]", m // TP_RS_SPLITS, n, k, deps)
+        tail = [bb.collective(f"{name}.{kind.value}[{j}]", kind, msg / TP_RS_SPLITS, GroupKind.TP, [g])]
     return tail
 
 
@@ -228,8 +256,13 @@ def grad_in(bb: BlockBuilder, D: Dims, name: str, deps: Deps) -> Deps:
 
 
 def row_backward(bb: BlockBuilder, D: Dims, name: str, n_in: int, deps: Deps) -> Deps:
-    """Backward of a row-parallel GEMM (input width n_in per rank, output h): dgrad and wgrad."""
-    deps = grad_in(bb, D, name, deps)
+    """Backward of a row-parallel GEMM (input width n_in per rank, output h): dgrad and wgrad. Under
+    sequence parallelism the output gradient is all-gathered for the dgrad as a column-parallel input is
+    in the forward (tp_in: in FP8 under TE; with overlap_tp_comm the dgrad's ring exchange, proj_dgrad /
+    fc2_dgrad, TE `_Linear.backward` with `ub_overlap_ag`)."""
+    if D.sp:
+        dgrad = tp_in(bb, D, f"{name}.dgrad", D.T, n_in, D.h, deps)[0]
+        return [dgrad, bb.gemm(f"{name}.wgrad", n_in, D.h, D.T, [dgrad])]
     dgrad = bb.gemm(f"{name}.dgrad", D.T, n_in, D.h, deps)
     wgrad = bb.gemm(f"{name}.wgrad", n_in, D.h, D.T, [dgrad])
     return [dgrad, wgrad]
@@ -239,7 +272,9 @@ def col_backward(bb: BlockBuilder, D: Dims, name: str, n_out: int, deps: Deps) -
     """Backward of a column-parallel GEMM (input width h, output n_out per rank): the dgrad's
     all-reduce / reduce-scatter overlaps the wgrad (Megatron's async grad reduction); under sequence
     parallelism the layer input is re-gathered for the wgrad while the dgrad runs."""
-    regather = ([bb.collective(f"{name}.all_gather_input", Collective.ALL_GATHER, D.T * D.h * ACT_BYTES,
+    # the saved input re-gathered for the wgrad: FP8 under TE (BlockBuilder.fp8_gather)
+    ag_bytes = FP8_BYTES if bb.fp8_gather(name) else ACT_BYTES
+    regather = ([bb.collective(f"{name}.all_gather_input", Collective.ALL_GATHER, D.T * D.h * ag_bytes,
                                GroupKind.TP, deps)] if D.sp else [])
     dgrad = bb.gemm(f"{name}.dgrad", D.T, D.h, n_out, deps)
     wgrad = bb.gemm(f"{name}.wgrad", n_out, D.h, D.T, [dgrad] + regather)

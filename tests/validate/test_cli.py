@@ -152,3 +152,24 @@ def test_published_target_time_mape():
     val = _published()
     s = val.summary
     assert s["time_metrics"].mape <= 8.0 and s["memory"].mape <= 10.0
+
+
+def test_fit_no_write_validates_with_the_fitted_values(tmp_path, capsys):
+    """--fit --no-write leaves the YAML alone but scores the rows with the fitted values (not the old ones)."""
+    import json
+    import shutil
+    from csvrows import row, write_csv
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(repo_root() / "cluster_specs" / "a100_dgx.yaml", specs)
+    before = (specs / "a100_dgx.yaml").read_text()
+    csv = write_csv(tmp_path / "f.csv", [row(), row(value="1.42", recompute="full", sequence_parallel="false"),
+                                         row(metric="mfu", value="41.5", unit="%")])
+    plain, fitted = tmp_path / "plain.json", tmp_path / "fitted.json"
+    assert main(["validate", str(csv), "--quiet", "--specs", str(specs), "--json", str(plain)]) == 0
+    assert main(["validate", str(csv), "--quiet", "--specs", str(specs), "--fit", "--no-write",
+                 "--json", str(fitted)]) == 0
+    assert (specs / "a100_dgx.yaml").read_text() == before
+    p0 = [r["predicted"] for r in json.loads(plain.read_text())["rows"]]
+    p1 = [r["predicted"] for r in json.loads(fitted.read_text())["rows"]]
+    assert p0 != p1
