@@ -14,7 +14,7 @@ from comet.graph.ir import StepGraph
 from comet.replay import cache
 from comet.replay.step import StepReplay, replay_step
 from comet.result import CandidateStatus, Result
-from comet.workload.builder import build_blocks, build_step_graph
+from comet.workload.builder import build_blocks, build_stages, build_step_graph
 from comet.workload.flops import hardware_flops_per_step, model_flops_per_step
 from comet.workload.memory import MemoryEstimate, estimate_memory
 
@@ -115,7 +115,10 @@ def _stage_ops(st):
 
 def _built(model: ModelSpec, par: ParallelConfig) -> StepGraph:
     blocks = cache.blocks.get_or((model, cache.block_config(par)), lambda: build_blocks(model, par))
-    return build_step_graph(model, par, blocks=blocks)
+    # perf: stage syncs do not read the global batch: configurations that differ only there share them,
+    # and with them what the replay caches by their identity (parameter gathers, NIC loads)
+    stages = cache.facts.get_or(("stages", model, cache.stage_config(par)), lambda: build_stages(model, par))
+    return build_step_graph(model, par, blocks=blocks, stages=stages)
 
 
 def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:

@@ -77,6 +77,10 @@ class ParallelConfig:
     # Which flash-attention kernels: fused (Transformer Engine / cuDNN / FlashAttention-3 on Hopper) or fa2
     # (PyTorch SDPA's flash backend, the flash-attn 2 package; comet/hardware/compute.py attention_time_s)
     attention_kernel: str = "fused"
+    # Q, K, V gathered into flash-attn's packed (varlen) layout and the output scattered back, in every
+    # layer (flash_attn.bert_padding unpad_input / pad_input, as llm-foundry's flash_attn_fn calls them):
+    # memory-bound copies around the attention kernel (comet/workload/layers.py unpad_copies)
+    attention_unpad: bool = False
     offload: tuple[OffloadTarget, ...] = ()
     # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)
     ep: int = field(default=1, metadata=positive())           # expert parallel [--expert-model-parallel-size]
@@ -112,7 +116,9 @@ class ParallelConfig:
     zero3_live_params: float | None = None
     # How the cross-entropy holds the logits (comet/workload/memory.py LOSS_LOGIT_BYTES): fused (Megatron's
     # vocab-parallel loss in place on an fp32 copy; a compiled PyTorch loss) or eager (PyTorch eager
-    # F.cross_entropy on pred.float(): fp32 copy, saved fp32 log-softmax and two fp32 gradients).
+    # F.cross_entropy on pred.float(): fp32 copy, saved fp32 log-softmax and two fp32 gradients) or
+    # megatron (Megatron-Core's unfused default: the memory of fused, one kernel per step; the HBM
+    # traffic of each is comet/workload/layers.py LOSS_HBM_BYTES).
     loss_impl: str = "fused"
     # Whose FSDP (zero >= 3 with fsdp): torch (PyTorch FSDP1/FSDP2, JAX: the fp32 shard is the parameter and
     # the optimizer's master; the root module stays gathered) or megatron (Megatron-FSDP: a bf16 parameter
@@ -176,8 +182,9 @@ class ParallelConfig:
     def resolve(self, model: ModelSpec) -> "ParallelConfig":
         """Derive dp / sequence parallelism and check every rule. Raises ConfigError naming the rule."""
         cfg = self
+        derived = {}    # perf: one replace() for both derived fields (each rebuilds ~40 fields)
         if cfg.sequence_parallel is None:
-            cfg = replace(cfg, sequence_parallel=cfg.tp > 1)
+            derived["sequence_parallel"] = cfg.tp > 1
         if cfg.dp is None:
             if cfg.gpus is None:
                 raise ConfigError("give either dp or gpus", field="dp")
@@ -185,7 +192,9 @@ class ParallelConfig:
             if cfg.gpus % denom:
                 raise ConfigError(f"gpus ({cfg.gpus}) must be divisible by tp*pp*cp = {cfg.tp}*{cfg.pp}*{cfg.cp} = {denom}",
                                   field="gpus")
-            cfg = replace(cfg, dp=cfg.gpus // denom)
+            derived["dp"] = cfg.gpus // denom
+        if derived:
+            cfg = replace(cfg, **derived)
         if cfg.dp < 1:
             raise ConfigError(f"must be >= 1, got {cfg.dp}", field="dp")
         if cfg.gpus is None:
@@ -194,59 +203,61 @@ class ParallelConfig:
         return cfg
 
     def check(self, model: ModelSpec) -> None:
-        def rule(ok: bool, fld: str, msg: str) -> None:
+        def rule(ok: bool, fld: str, msg) -> None:
+            # perf: a message is formatted only when its rule fails (every estimate checks ~25 rules)
             if not ok:
-                raise ConfigError(msg, field=fld)
+                raise ConfigError(msg(), field=fld)
 
         rule(self.world == self.gpus, "gpus",
-             f"tp*pp*dp*cp must equal gpus: {self.tp}*{self.pp}*{self.dp}*{self.cp} = {self.world} != {self.gpus}")
-        rule(model.heads % self.tp == 0, "tp", f"heads ({model.heads}) must be divisible by tp ({self.tp})")
-        rule(model.kv_heads % self.tp == 0, "tp", f"kv_heads ({model.kv_heads}) must be divisible by tp ({self.tp})")
-        rule(model.ffn_hidden % self.tp == 0, "tp", f"ffn_hidden ({model.ffn_hidden}) must be divisible by tp ({self.tp})")
+             lambda: f"tp*pp*dp*cp must equal gpus: {self.tp}*{self.pp}*{self.dp}*{self.cp} = {self.world} != {self.gpus}")
+        rule(model.heads % self.tp == 0, "tp", lambda: f"heads ({model.heads}) must be divisible by tp ({self.tp})")
+        rule(model.kv_heads % self.tp == 0, "tp", lambda: f"kv_heads ({model.kv_heads}) must be divisible by tp ({self.tp})")
+        rule(model.ffn_hidden % self.tp == 0, "tp", lambda: f"ffn_hidden ({model.ffn_hidden}) must be divisible by tp ({self.tp})")
         chunks = self.chunk_layers(model)   # raises ConfigError naming the split rule
         rule(min(chunks) >= 1 or self.pp_embedding_as_layer or self.pp_loss_as_layer, "vpp",
-             f"layers ({model.layers}) leave an empty model chunk on pp*vpp = {self.pp}*{self.vpp}")
+             lambda: f"layers ({model.layers}) leave an empty model chunk on pp*vpp = {self.pp}*{self.vpp}")
         per = self.dp * self.micro_batch
         rule(self.global_batch % per == 0, "global_batch",
-             f"global_batch ({self.global_batch}) must be divisible by dp*micro_batch = {self.dp}*{self.micro_batch} = {per}")
+             lambda: f"global_batch ({self.global_batch}) must be divisible by dp*micro_batch = {self.dp}*{self.micro_batch} = {per}")
         rule(self.num_microbatches <= MAX_MICROBATCHES, "global_batch",
-             f"{self.num_microbatches:,} micro-batches per step (global_batch / (dp*micro_batch)) is more than "
+             lambda: f"{self.num_microbatches:,} micro-batches per step (global_batch / (dp*micro_batch)) is more than "
              f"{MAX_MICROBATCHES:,}: the replay holds every micro-batch in memory; raise micro_batch or dp")
         rule(model.seq_len % (2 * self.cp) == 0 or self.cp == 1, "cp",
-             f"seq_len ({model.seq_len}) must be divisible by 2*cp = {2 * self.cp} (load-balanced causal context parallelism)")
+             lambda: f"seq_len ({model.seq_len}) must be divisible by 2*cp = {2 * self.cp} (load-balanced causal context parallelism)")
         tokens_per_rank = model.seq_len // self.cp
         rule(not self.sp or tokens_per_rank % self.tp == 0, "sequence_parallel",
-             f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
-        rule(0 <= self.zero <= 3, "zero", f"must be 0, 1, 2 or 3, got {self.zero}")
-        rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", f"must be fp32 or bf16, got {self.grad_dtype!r}")
+             lambda: f"sequence parallelism needs seq_len/cp ({tokens_per_rank}) divisible by tp ({self.tp})")
+        rule(0 <= self.zero <= 3, "zero", lambda: f"must be 0, 1, 2 or 3, got {self.zero}")
+        rule(self.grad_dtype in ("fp32", "bf16"), "grad_dtype", lambda: f"must be fp32 or bf16, got {self.grad_dtype!r}")
         rule(self.reduce_dtype in (None, *REDUCE_BYTES), "reduce_dtype",
-             f"must be one of {', '.join(REDUCE_BYTES)} or unset, got {self.reduce_dtype!r}")
+             lambda: f"must be one of {', '.join(REDUCE_BYTES)} or unset, got {self.reduce_dtype!r}")
         rule(self.optimizer_dtype in ("fp32", "bf16"), "optimizer_dtype",
-             f"must be fp32 or bf16, got {self.optimizer_dtype!r}")
-        rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", f"must be te or torchao, got {self.fp8_impl!r}")
+             lambda: f"must be fp32 or bf16, got {self.optimizer_dtype!r}")
+        rule(self.fp8_impl in ("te", "torchao"), "fp8_impl", lambda: f"must be te or torchao, got {self.fp8_impl!r}")
         rule(self.attention_kernel in ("fused", "fa2"), "attention_kernel",
-             f"must be fused or fa2, got {self.attention_kernel!r}")
-        rule(self.loss_impl in ("fused", "eager"), "loss_impl", f"must be fused or eager, got {self.loss_impl!r}")
-        rule(self.fsdp_impl in ("torch", "megatron"), "fsdp_impl", f"must be torch or megatron, got {self.fsdp_impl!r}")
+             lambda: f"must be fused or fa2, got {self.attention_kernel!r}")
+        rule(self.loss_impl in ("fused", "eager", "megatron"), "loss_impl",
+             lambda: f"must be fused, eager or megatron, got {self.loss_impl!r}")
+        rule(self.fsdp_impl in ("torch", "megatron"), "fsdp_impl", lambda: f"must be torch or megatron, got {self.fsdp_impl!r}")
         rule(self.dp_collective in ("hierarchical", "flat"), "dp_collective",
-             f"must be hierarchical or flat, got {self.dp_collective!r}")
+             lambda: f"must be hierarchical or flat, got {self.dp_collective!r}")
         rule(not self.fp8_params or self.precision is Precision.FP8, "fp8_params",
-             f"FP8 weights need precision fp8, got {self.precision.value}")
+             lambda: f"FP8 weights need precision fp8, got {self.precision.value}")
         # FSDP with pipeline parallelism does shard gradients (Llama 3 paper sec. 3.3.2: reduce-scatter per
         # micro-batch, weights kept gathered); Megatron's distributed optimizer cannot.
         rule(not self.shard_grad_op or (self.fsdp and self.zero == 2), "shard_grad_op",
-             f"is FSDP's ZeRO-2: needs fsdp and zero 2, got fsdp={self.fsdp} zero={self.zero}")
+             lambda: f"is FSDP's ZeRO-2: needs fsdp and zero 2, got fsdp={self.fsdp} zero={self.zero}")
         rule(not (self.zero >= 2 and self.pp > 1) or self.fsdp, "zero",
-             f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
+             lambda: f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism (pp={self.pp}) cannot "
              "accumulate across micro-batches; use zero <= 1 with pp > 1")
         if self.vpp > 1:
             rule(self.schedule is Schedule.INTERLEAVED, "vpp",
-                 f"vpp={self.vpp} needs schedule interleaved_1f1b, got {self.schedule.value}")
-            rule(self.pp > 1, "vpp", f"vpp={self.vpp} needs pp > 1, got pp={self.pp}")
+                 lambda: f"vpp={self.vpp} needs schedule interleaved_1f1b, got {self.schedule.value}")
+            rule(self.pp > 1, "vpp", lambda: f"vpp={self.vpp} needs pp > 1, got pp={self.pp}")
         if self.schedule is Schedule.INTERLEAVED:
             rule(self.num_microbatches % self.pp == 0, "global_batch",
-                 f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
-        rule(len(set(self.offload)) == len(self.offload), "offload", "lists a target twice")
+                 lambda: f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) divisible by pp ({self.pp})")
+        rule(len(set(self.offload)) == len(self.offload), "offload", lambda: "lists a target twice")
         check_expert_parallel(self, model)
 
     def label(self) -> str:

@@ -133,6 +133,13 @@ class Op:
         d["kind"] = kind
         d.update(given)
 
+    def __hash__(self) -> int:
+        # perf: a block's signature hashes every op of every new block; the dataclass's hash builds a
+        # tuple of all 24 fields (~0.7 us), these few fields ~0.2 us. Equal ops still hash alike (a
+        # subset of the fields equality compares), so dicts and sets behave the same.
+        return hash((self.name, self.kind, self.phase, self.shape, self.flops, self.bytes, self.msg_bytes,
+                     self.group_size, self.layer, self.microbatch))
+
     def with_(self, **changes) -> "Op":
         return replace(self, **changes)
 

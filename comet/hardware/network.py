@@ -57,7 +57,6 @@ so a CP ring spanning nodes moves at the NIC rate.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim, Topology
 from comet.graph.ir import Collective
@@ -76,11 +75,12 @@ def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[
             span.append(1)
             continue
         # dim.size counts the GPUs (consecutive global ranks) of one domain at this level; 0 = unbounded.
-        ranks_per_domain = dim.size if dim.size else math.inf
-        if step >= ranks_per_domain:
+        ranks_per_domain = dim.size
+        if ranks_per_domain and step >= ranks_per_domain:
             span.append(1)
         else:
-            fit = int(min(remaining, max(1, ranks_per_domain // step)))
+            # perf: integer arithmetic (an unbounded domain holds all that remain)
+            fit = int(min(remaining, max(1, ranks_per_domain // step)) if ranks_per_domain else remaining)
             while remaining % fit:
                 fit -= 1
             span.append(fit)
@@ -91,14 +91,17 @@ def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[
     return span
 
 
-@dataclass(frozen=True)
 class _DimView:
-    """One spanned dimension as the group sees it."""
-    dim: NetworkDim
-    n: int                 # group members along this dimension
-    inner: int             # group members inside one domain of the level below (share its ports)
-    stride: int            # distance between consecutive members, in ports of this dimension
-    ports: int             # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
+    """One spanned dimension as the group sees it (read-only by convention; perf: a slotted class, a
+    frozen dataclass's __init__ costs a setattr call per field on every collective's cost model)."""
+    __slots__ = ("dim", "n", "inner", "stride", "ports")
+
+    def __init__(self, dim: NetworkDim, n: int, inner: int, stride: int, ports: int):
+        self.dim = dim
+        self.n = n                 # group members along this dimension
+        self.inner = inner         # group members inside one domain of the level below (share its ports)
+        self.stride = stride       # distance between consecutive members, in ports of this dimension
+        self.ports = ports         # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
 
     def rates(self, chunk_bytes: float, kind: str) -> tuple[float, float]:
         """(rate, plateau rate): bytes per second the group's traffic gets through this dimension, per
@@ -111,8 +114,14 @@ class _DimView:
 
 def _slowest(views: list[_DimView], chunk_bytes: float, kind: str) -> tuple[float, float]:
     """(rate, plateau rate) of the slowest of `views`."""
-    rates = [v.rates(chunk_bytes, kind) for v in views]
-    return min(r for r, _ in rates), min(p for _, p in rates)
+    rate, plateau = views[0].rates(chunk_bytes, kind)
+    for v in views[1:]:   # perf: one pass (min over each column, as min() of the lists picks)
+        r, p = v.rates(chunk_bytes, kind)
+        if r < rate:
+            rate = r
+        if p < plateau:
+            plateau = p
+    return rate, plateau
 
 
 def _topology_share(v: _DimView, kind: str) -> float:
@@ -168,28 +177,41 @@ TREE_BUS_FACTOR = 0.92
 NVLS_BASE_LATENCY_S = 25e-6   # NVLS / NVLSTree run Simple only, baseLat 25 us (tuning.cc)
 
 
-@dataclass(frozen=True)
 class _Cost:
     """One algorithm: bytes-over-rate time at the full (Simple) rate, and its per-hop latencies.
     `plateau_s`: the same bytes at the plateau rate, without the per-step fill (bandwidth_s -
     plateau_s). A protocol's bandwidth factor slows the payload only: the fill (the time per
     pipeline step that eff(chunk) stands for) is a time, not a share of the link, so it is added as
     it is (an LL step does not take four times as long to fill as a Simple one)."""
-    bandwidth_s: float
-    hops: tuple[tuple[float, bool], ...]    # (hop latency s at Simple, is the innermost dimension)
-    nvls: bool = False
-    tree: bool = False
-    plateau_s: float | None = None
+    __slots__ = ("bandwidth_s", "hops", "nvls", "tree", "plateau_s")   # perf: see _DimView
+
+    def __init__(self, bandwidth_s: float, hops: tuple[tuple[float, bool], ...], nvls: bool = False,
+                 tree: bool = False, plateau_s: float | None = None):
+        self.bandwidth_s = bandwidth_s
+        self.hops = hops          # (hop latency s at Simple, is the innermost dimension)
+        self.nvls = nvls
+        self.tree = tree
+        self.plateau_s = plateau_s
 
     def time(self) -> float:
+            # perf: plain loops instead of generator sums (the same additions, left to right)
+        hops = self.hops
         if self.nvls:   # the NVLS part of the path is in the base latency; only network hops add
-            return NVLS_BASE_LATENCY_S + self.bandwidth_s + sum(h for h, inner in self.hops if not inner)
+            net = 0
+            for h, inner in hops:
+                if not inner:
+                    net += h
+            return NVLS_BASE_LATENCY_S + self.bandwidth_s + net
         payload = self.bandwidth_s if self.plateau_s is None else self.plateau_s
         fill = self.bandwidth_s - payload
         best = math.inf
         for factor, base, r_inner, r_net in (TREE_PROTOCOLS if self.tree else PROTOCOLS).values():
-            lat = sum(h * (r_inner if inner else r_net) for h, inner in self.hops)
-            best = min(best, base + lat + payload / factor + fill)
+            lat = 0
+            for h, inner in hops:
+                lat += h * (r_inner if inner else r_net)
+            t = base + lat + payload / factor + fill
+            if t < best:
+                best = t
         return best
 
 
@@ -279,7 +301,8 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
     ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"); a hierarchical ring using all 8 NICs
     of a node would be 8x faster. Time = (n-1)/n * buffer / min(port rate) for all-gather and
     reduce-scatter, 2x for all-reduce (Thakur, Rabenseifner & Gropp 2005)."""
-    views = _views(size, stride, cluster.levels, flat)
+    levels = cluster.levels      # perf: a property hashing the network on every read
+    views = _views(size, stride, levels, flat)
     if not views:
         return {"none": 0.0}
     if flat and kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
@@ -305,9 +328,9 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
         return out or {"ring": ring}
     # all-reduce: the part inside the scale-up domain (if the group has members there) and the part
     # between domains, each with its own algorithms
-    domain = views[0] if views[0].dim is cluster.levels[0] else None
+    d0 = levels[0]
+    domain = views[0] if views[0].dim is d0 else None
     between = views[1:] if domain else views
-    d0 = cluster.levels[0]
     in_domain = domain is not None and domain.n > 1
     has_nvls = in_domain and bool(d0.nvls_bus_GBps) and d0.size > 1 and _allowed(d0, A.NVLS)
     nvls_hops = ((2 * d0.latency_s, True),)
@@ -358,12 +381,11 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
 
 
-def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpec,
+def _hop_time_s(msg_bytes: float, level: int, distance: int, levels: tuple[NetworkDim, ...],
                 cap_Bps: float = math.inf) -> float:
-    """One send over network level `level` (index into cluster.levels) at one port's rate; `distance`
+    """One send over network level `level` (index into `levels`, the cluster's) at one port's rate; `distance`
     (global ranks between sender and receiver) sets the topology share on a ring dimension; `cap_Bps`:
     the rate the send's NCCL channels are sized for, where lower than the port's (p2p_channels.py)."""
-    levels = cluster.levels
     below = levels[level - 1].size if level > 0 else 1
     dim = levels[level]
     ports = dim.size // below if dim.size else 0
@@ -374,12 +396,12 @@ def _hop_time_s(msg_bytes: float, level: int, distance: int, cluster: ClusterSpe
     return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
 
 
-def _level_holding(a: int, b: int, cluster: ClusterSpec) -> int:
+def _level_holding(a: int, b: int, levels: tuple[NetworkDim, ...]) -> int:
     """Index of the innermost level whose domain holds both global ranks a and b."""
-    for i, dim in enumerate(cluster.levels):
+    for i, dim in enumerate(levels):
         if dim.size == 0 or a // dim.size == b // dim.size:
             return i
-    return len(cluster.levels) - 1
+    return len(levels) - 1
 
 
 def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int = 0,
@@ -399,7 +421,7 @@ def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int
         cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
     else:   # inside the NVLink domain: the channels of a single-node communicator (p2p_channels.py)
         cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
-    return _hop_time_s(msg_bytes, level, distance, cluster, cap)
+    return _hop_time_s(msg_bytes, level, distance, levels, cap)
 
 
 def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
@@ -415,5 +437,6 @@ def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: Clus
     if msg_bytes <= 0 or size <= 1:
         return 0.0
     members = [i * stride for i in range(size)]
-    levels = {_level_holding(a, b, cluster) for a, b in zip(members, members[1:] + members[:1])}
-    return max(_hop_time_s(msg_bytes, level, stride, cluster) for level in levels)
+    levels = cluster.levels      # perf: a property hashing the network on every read
+    crossed = {_level_holding(a, b, levels) for a, b in zip(members, members[1:] + members[:1])}
+    return max(_hop_time_s(msg_bytes, level, stride, levels) for level in crossed)

@@ -18,6 +18,7 @@ Caches are LRU-bounded (a few MB) and live per process (per Ray worker). `clear(
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -78,6 +79,10 @@ class LRU:
         self._d.clear()
         self.hits = self.misses = 0
 
+    def items(self) -> list:
+        """(key, value) pairs, least recently used first (not counted as uses)."""
+        return list(self._d.items()) if enabled else []
+
     def __len__(self) -> int:
         return len(self._d)
 
@@ -91,8 +96,15 @@ class BytesLRU(LRU):
 
     def put(self, key: Hashable, value: Any) -> None:
         super().put(key, value)
-        while len(self._d) > 1 and sum(getattr(v, "nbytes", 0) for v in self._d.values()) > self.budget:
+        while len(self._d) > 1 and sum(map(_nbytes, self._d.values())) > self.budget:
             self._d.popitem(last=False)
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of a numpy array, or of the arrays of a tuple."""
+    if isinstance(value, tuple):
+        return sum(getattr(v, "nbytes", 0) for v in value)
+    return getattr(value, "nbytes", 0)
 
 
 enabled = True                      # False: every value computed afresh (see disabled())
@@ -110,7 +122,12 @@ facts = LRU(8 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 resolved = LRU(_BLOCK_ENTRIES)      # (model, parallel as given) -> the resolved ParallelConfig (evaluate.resolve)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
-orders = BytesLRU(32 << 20, 1024)         # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task
+# pipeline shape -> task visit order (replay/pipeline.py), 8 B a task; the orders continuing a shorter
+# schedule (replay/prefix.py), 16 B a task
+orders = BytesLRU(32 << 20, 1024)
+# (pipeline shape, task durations and releases as bytes) -> {micro-batches: each stage's clock and idle
+# sums after the tasks it shares with a longer schedule} (replay/prefix.py): ~1.5 KB a state, 8 per entry
+continuations = LRU(1024)
 # (pipeline shape, task durations and releases as bytes) -> PipelineSummary (replay/step.py): a few
 # (pp, vpp) arrays, ~2-10 KB an entry
 summaries = LRU(_BLOCK_ENTRIES)
@@ -224,6 +241,16 @@ def block_config(par):
                    schedule=None)
 
 
+def stage_config(par):
+    """The parallel configuration without the global batch, which only the pipeline plan reads (its
+    micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py).
+    A key, never a configuration to run."""
+    # perf: a copy with one field set (~5 us) instead of dataclasses.replace, which re-runs __init__ (~22 us)
+    key = copy.copy(par)
+    object.__setattr__(key, "global_batch", 1)
+    return key
+
+
 def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""
@@ -279,7 +306,7 @@ def disabled():
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
     for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, network, orders,
-              summaries):
+              summaries, continuations):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
@@ -291,4 +318,5 @@ def stats() -> dict[str, tuple[int, int, int]]:
     """{cache: (entries, hits, misses)}."""
     return {name: (len(c), c.hits, c.misses) for name, c in
             (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks),
-             ("network", network), ("orders", orders), ("summaries", summaries))}
+             ("network", network), ("orders", orders), ("summaries", summaries),
+             ("continuations", continuations))}

@@ -72,17 +72,26 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
     the op's duration (replay.timing.timed_s on this cluster and precision); `b_dur[stage, chunk]`:
     backward task durations; `groups`: stages sharing one StageSync (step._stage_groups), or None (each
     stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it."""
-    # perf: the backward's NIC seconds read the graph (its ops carry any measured duration), the network
-    # and the precision; a search evaluates one graph on many clusters, and clusters that differ outside
-    # the network share them (read-only array)
-    nic = cache.facts.get_or(("backward NIC seconds", cache.object_key(graph), cache.network_key(cluster), precision),
-                             lambda: _read_only(_backward_nic_s(graph, cluster, timed, precision, groups, kinds)))
+    plan = graph.plan
+    kinds = kinds or task_kinds(plan)
+    # perf: the backward's NIC seconds read the stage syncs (which buckets cross the NIC), the blocks and
+    # the task kinds (their ops carry any measured duration), the pipeline message, the network and the
+    # precision: a search evaluates one configuration on many clusters and many global batches, and
+    # clusters that differ outside the network share them (read-only array)
+    key = ("backward NIC seconds", cache.object_key(graph.stages), cache.object_key(graph.blocks), cache.object_key(kinds),
+           plan.p2p_bytes, cache.network_key(cluster), precision)
+    nic = cache.facts.get_or(key, lambda: _read_only(_backward_nic_s(graph, cluster, timed, precision, groups, kinds)))
     if nic is None:
         return None
+    # perf: the rate reads the NIC seconds and the backward durations alone
+    return cache.facts.get_or(("DP NIC rate", key, b_dur.tobytes()), lambda: _rate(nic, b_dur))
+
+
+def _rate(nic: np.ndarray, b_dur: np.ndarray) -> np.ndarray | None:
     busy = np.sum(b_dur, axis=1)
     u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
     rate = 1.0 - np.minimum(np.minimum(u, 1.0), 0.5)
-    return rate if (rate < 1.0).any() else None
+    return _read_only(rate) if (rate < 1.0).any() else None
 
 
 def _read_only(a: np.ndarray | None) -> np.ndarray | None:

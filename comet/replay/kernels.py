@@ -24,6 +24,50 @@ except ImportError:  # pragma: no cover - exercised where numba is not installed
         return wrap if not (args and callable(args[0])) else args[0]
 
 
+@njit(inline="always")
+def task_at(interleaved: bool, pp: int, vpp: int, total: int, w: int, j: int):
+    """(forward?, chunk, micro-batch) of a stage's task j (schedule.all_stage_tasks, element by element):
+    w warm-up forwards, then one forward and one backward in turn, then the remaining backwards; total
+    = micro-batches x chunks. Interleaved: Megatron's get_model_chunk_id / microbatch id."""
+    if j < w:
+        fwd, index = True, j
+    elif j < 2 * total - w:
+        q = j - w
+        if q & 1 == 0:
+            fwd, index = True, w + (q >> 1)
+        else:
+            fwd, index = False, q >> 1
+    else:
+        fwd, index = False, j - total
+    if interleaved:
+        group = index // (pp * vpp)
+        in_group = index % (pp * vpp)
+        c = in_group // pp if fwd else vpp - 1 - in_group // pp
+        b = group * pp + in_group % pp
+    else:
+        c, b = 0, index
+    return fwd, c, b
+
+
+@njit(cache=True, nogil=True)
+def shared_prefix(interleaved: bool, pp: int, vpp: int, m_a: int, warm_a: np.ndarray, m_b: int,
+                  warm_b: np.ndarray) -> np.ndarray:
+    """Per stage, how many first tasks the schedules of m_a and m_b micro-batches have in common (the
+    same (phase, chunk, micro-batch) at the same position)."""
+    out = np.empty(pp, dtype=np.int64)
+    n = 2 * min(m_a, m_b) * vpp
+    for s in range(pp):
+        j = 0
+        while j < n:
+            fa, ca, ba = task_at(interleaved, pp, vpp, m_a * vpp, warm_a[s], j)
+            fb, cb, bb = task_at(interleaved, pp, vpp, m_b * vpp, warm_b[s], j)
+            if fa != fb or ca != cb or ba != bb:
+                break
+            j += 1
+        out[s] = j
+    return out
+
+
 @njit(cache=True, nogil=True)
 def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: np.ndarray):
     """End time of every task, and whether every task could be scheduled (False: a dependency cycle).
@@ -111,23 +155,7 @@ def pipeline_tasks(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarra
             j = ptr[s]
             w = warm[s]
             while j < per:
-                if j < w:
-                    fwd, index = True, j
-                elif j < 2 * total - w:
-                    q = j - w
-                    if q % 2 == 0:
-                        fwd, index = True, w + q // 2
-                    else:
-                        fwd, index = False, q // 2
-                else:
-                    fwd, index = False, j - total
-                if interleaved:                           # Megatron get_model_chunk_id / microbatch id
-                    group = index // (pp * vpp)
-                    in_group = index % (pp * vpp)
-                    c = in_group // pp if fwd else vpp - 1 - in_group // pp
-                    b = group * pp + in_group % pp
-                else:
-                    c, b = 0, index
+                fwd, c, b = task_at(interleaved, pp, vpp, total, w, j)
                 ph = 0 if fwd else 1
                 vs = c * pp + s
                 sv = vs - 1 if fwd else vs + 1
@@ -203,23 +231,7 @@ def pipeline_summary(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
             j = ptr[s]
             w = warm[s]
             while j < per:
-                if j < w:
-                    fwd, index = True, j
-                elif j < 2 * total - w:
-                    q = j - w
-                    if q & 1 == 0:
-                        fwd, index = True, w + (q >> 1)
-                    else:
-                        fwd, index = False, q >> 1
-                else:
-                    fwd, index = False, j - total
-                if interleaved:
-                    group = index // (pp * vpp)
-                    in_group = index % (pp * vpp)
-                    c = in_group // pp if fwd else vpp - 1 - in_group // pp
-                    b = group * pp + in_group % pp
-                else:
-                    c, b = 0, index
+                fwd, c, b = task_at(interleaved, pp, vpp, total, w, j)
                 ph = 0 if fwd else 1
                 # the previous virtual stage (forward) or the next one (backward): vs = chunk * pp + stage
                 if fwd:
@@ -270,11 +282,26 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     same arithmetic per task as pipeline_summary, and each stage's tasks in the same order, so the
     results are equal bit for bit. dur[(stage * 2 + phase) * vpp + chunk]: task durations;
     f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1."""
+    none = np.empty(0, dtype=np.int64)
+    return replay_from(code, pp, vpp, dur, f_release, end, np.zeros(pp), np.zeros(pp), np.zeros(pp), none, none)[:4]
+
+
+@njit(cache=True, nogil=True)
+def replay_from(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
+                prev0: np.ndarray, bubble0: np.ndarray, gather_wait0: np.ndarray, cut_at: np.ndarray,
+                cut_stage: np.ndarray):
+    """replay_in_order from a state: each stage's clock and idle sums start at prev0 / bubble0 /
+    gather_wait0 (the tasks before `code` already replayed; zeros: none), and end[len(code) + 1 + s]
+    holds the end of stage s's last replayed task (prefix.remainder_order points there). Right after the
+    task at visit position cut_at[j] (increasing), the clock and sums of its stage cut_stage[j] are
+    recorded: the state a longer schedule of this shape continues from (prefix.py). Returns
+    (compute_end, last_b_start, bubble, gather_wait) and the recorded (clock, bubble, gather_wait, count)."""
     n = code.shape[0]
-    prev = np.zeros(pp)
+    prev = prev0.copy()
     last_b_start = np.zeros(pp * vpp)
-    bubble = np.zeros(pp)
-    gather_wait = np.zeros(pp)
+    bubble = bubble0.copy()
+    gather_wait = gather_wait0.copy()
+    snap_prev, snap_bubble, snap_gw = np.zeros(pp), np.zeros(pp), np.zeros(pp)
     end[n] = 0.0                                           # "no dependency"
     # perf: a kind's stage and (stage, chunk) from tables, not integer divisions per task
     stage_of = np.empty(pp * 2 * vpp, dtype=np.int64)
@@ -282,13 +309,16 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     for kind in range(pp * 2 * vpp):
         stage_of[kind] = kind // (2 * vpp)
         chunk_of[kind] = stage_of[kind] * vpp + kind % vpp
+    cuts = cut_at.shape[0]
+    j = 0
+    nxt = cut_at[0] if cuts > 0 else -1
     # perf: the current stage's clock and idle sums live in registers while the visit order stays on
     # that stage (a store and reload per task lengthened the dependency chain ~10%); the same additions
     # in the same order, so the sums are equal bit for bit
     cur = 0
-    p = 0.0
-    bub = 0.0
-    gw = 0.0
+    p = prev[0]
+    bub = bubble[0]
+    gw = gather_wait[0]
     for i in range(n):
         x = code[i]
         kind = x >> 34
@@ -316,8 +346,79 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
                 last_b_start[chunk_of[kind]] = start
         p = start + dur[kind]
         end[i] = p
+        if i == nxt:
+            c = cut_stage[j]
+            snap_prev[c], snap_bubble[c], snap_gw[c] = p, bub, gw
+            j += 1
+            nxt = cut_at[j] if j < cuts else -1
     prev[cur], bubble[cur], gather_wait[cur] = p, bub, gw
-    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
+    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait, snap_prev, snap_bubble, snap_gw, j
+
+
+@njit(cache=True, nogil=True)
+def remainder_order(code: np.ndarray, pp: int, vpp: int, cut: np.ndarray):
+    """The visit order `code` (a pipeline shape's, as recorded by pipeline_summary) without the first
+    cut[s] tasks of each stage s (replayed already, by a shorter schedule of the same shape), for
+    replay_from. A kept task waiting on a dropped one reads end[n_kept + 1 + its stage]: valid only for
+    the last dropped task of that stage. Returns (order, ok): ok is False where a dropped task waits on
+    a kept one or a kept one on another dropped task (the prefix is not closed: no continuation)."""
+    n = code.shape[0]
+    mask = np.int64(0xFFFFFFFF)
+    pos = np.empty(n, dtype=np.int64)
+    stage = np.empty(n, dtype=np.int64)
+    new = np.empty(n, dtype=np.int64)
+    count = np.zeros(pp, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        s = (code[i] >> 34) // (2 * vpp)
+        stage[i] = s
+        pos[i] = count[s]
+        count[s] += 1
+        if pos[i] >= cut[s]:
+            new[i] = k
+            k += 1
+        else:
+            new[i] = -1
+    out = np.empty(k, dtype=np.int64)
+    for i in range(n):
+        src = code[i] & mask
+        if new[i] < 0:                                     # a dropped (prefix) task
+            if src != n and new[src] >= 0:
+                return out, False
+            continue
+        if src == n:
+            ns = k
+        elif new[src] >= 0:
+            ns = new[src]
+        else:
+            t = stage[src]
+            if pos[src] != cut[t] - 1:
+                return out, False
+            ns = k + 1 + t
+        out[new[i]] = (code[i] & ~mask) | ns
+    return out, True
+
+
+@njit(cache=True, nogil=True)
+def cut_visits(code: np.ndarray, pp: int, vpp: int, first: np.ndarray, cut: np.ndarray):
+    """Visit positions (increasing) of each stage's task at position cut[s] - 1 in its stage, the
+    order's tasks of stage s starting at position first[s], and their stages: where replay_from
+    records the state a longer schedule continues from. Empty where a stage has no such task."""
+    count = first.copy()
+    at = np.empty(pp, dtype=np.int64)
+    stage = np.empty(pp, dtype=np.int64)
+    stage_of = np.arange(pp * 2 * vpp) // (2 * vpp)       # perf: a table, not a division per task
+    k = 0
+    for i in range(code.shape[0]):
+        s = stage_of[code[i] >> 34]
+        if count[s] == cut[s] - 1:
+            at[k] = i
+            stage[k] = s
+            k += 1
+        count[s] += 1
+    if k != pp:
+        return at[:0], stage[:0]
+    return at, stage
 
 
 @njit(inline="always")
@@ -400,3 +501,54 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
             prev = _port_end(ready[i], prev, window_end[r], rate[r], durs[i])
         out[r] = prev
     return out
+
+
+@njit(cache=True, nogil=True)
+def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: np.ndarray, rate: np.ndarray,
+                group_of: np.ndarray, terms_f: np.ndarray, terms_i: np.ndarray, g_dur: np.ndarray,
+                emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
+    """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
+    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; terms_f[g] = (head, per
+    layer, whole chunk) backward seconds, terms_i[g] = (chunk, layers, buckets, progressive), g_dur[g] a
+    bucket's seconds): the DP stream on the shared port (shared_bucket_stream's arithmetic), the
+    tied-embedding all-reduce of stages `emb` (it starts when both ends are ready), the optimizer
+    (step._tails' arithmetic, in the same order). Returns (optimizer_start, optimizer_end,
+    partner_wait, offload) per stage."""
+    pp = compute_end.shape[0]
+    dp_end = gather_end.copy()
+    for s in range(pp):
+        g = group_of[s]
+        if g < 0:
+            continue
+        n, count, progressive = terms_i[g, 1], terms_i[g, 2], terms_i[g, 3] != 0
+        start = last_b_start[s, terms_i[g, 0]]
+        prev = gather_end[s]
+        for k in range(count):
+            if progressive and n > 0 and k < count - 1:
+                offset = terms_f[g, 0] + np.ceil(((k + 1) * n) / count) * terms_f[g, 1]
+            else:
+                offset = terms_f[g, 2]
+            prev = _port_end(start + offset, prev, compute_end[s], rate[s], g_dur[g])
+        dp_end[s] = prev
+    partner_wait = np.zeros(pp)
+    if emb.shape[0] > 0:
+        both = -np.inf
+        for i in range(emb.shape[0]):
+            s = emb[i]
+            ready = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
+            if ready > both:
+                both = ready
+        for i in range(emb.shape[0]):
+            s = emb[i]
+            ready = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
+            partner_wait[s] = both - ready
+            dp_end[s] = both + emb_dur[i]
+    optimizer_start = np.empty(pp)
+    optimizer_end = np.empty(pp)
+    offload = np.empty(pp)
+    for s in range(pp):
+        extra = link[s] - adam[s]
+        offload[s] = extra if extra > 0.0 else 0.0
+        optimizer_start[s] = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
+        optimizer_end[s] = optimizer_start[s] + adam[s] + offload[s]
+    return optimizer_start, optimizer_end, partner_wait, offload

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -10,10 +11,10 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.replay import cache, pipeline
+from comet.replay import cache, pipeline, prefix
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
-from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end
+from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end, stage_tails
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
@@ -193,11 +194,36 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
         return memo[key]
 
     groups = _stage_groups_shared(graph)
-    # Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
-    # chunk's first forward waits for the buckets holding its first layer.
-    gather_end = np.zeros(pp)
     gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
-    f_release = np.zeros((pp, vpp))
+    if keep_block_replays:
+        f_release, gather_end = _early_gathers(graph, groups, t, gather_events)
+        sync_s = None
+    else:
+        # perf: the sync collectives read the stage syncs, the plan's layer split and the network: shared
+        # by the candidates whose configurations differ only in the global batch (evaluate._built shares
+        # the stage syncs), read-only
+        key = ("sync times", cache.object_key(graph.stages), plan.chunk_layers, cache.network_key(cluster), precision)
+        f_release, gather_end, *sync_s = cache.facts.get_or(key, lambda: _read_only(
+            *_early_gathers(graph, groups, t), *_sync_collective_s(graph, groups, t)))
+    summary = _summary_shared(plan, f_dur, b_dur, f_release)
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
+    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
+                   blocks_key=blocks_key, sync_s=sync_s)
+    crit = int(np.argmax(tails.end))
+    breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
+    return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
+                      (f_dur, b_dur, f_release))
+
+
+def _early_gathers(graph: StepGraph, groups: dict, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
+    chunk's first forward waits for the buckets holding its first layer. Returns (release of each
+    (stage, chunk)'s first forward, end of each stage's gathers); `events`: per stage, the gathers'
+    (name, start, end) appended (the timeline's), or None."""
+    plan = graph.plan
+    pp = plan.pp
+    gather_end = np.zeros(pp)
+    f_release = np.zeros((pp, plan.vpp))
     for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
         st = graph.stages[stages[0]]
         if not (st.param_gathers and st.gather_before_forward):
@@ -207,35 +233,58 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             d = t(bs.op)
             first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + stages[0]], 1))
             f_release[stages, bs.chunk] = clock + first_layer * d
-            if keep_block_replays:
+            if events is not None:
                 for s in stages:
-                    gather_events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
-                                         for k in range(bs.count)]
+                    events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d) for k in range(bs.count)]
             clock += bs.count * d
         gather_end[stages] = clock
-    summary = _summary_shared(plan, f_dur, b_dur, f_release)
-    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
-    tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
-                   blocks_key=blocks_key)
-    crit = int(np.argmax(tails.end))
-    breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
-    return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
-                      (f_dur, b_dur, f_release))
+    return f_release, gather_end
+
+
+def _sync_collective_s(graph: StepGraph, groups: dict, t) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
+    all-reduce (stages in increasing order): what kernels.stage_tails reads of the network."""
+    bucket_s = np.array([t(graph.stages[rows[0]].grad_buckets[0].op) if graph.stages[rows[0]].grad_buckets else 0.0
+                         for rows in groups.values()])
+    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in _embedding_stages(graph, groups)])
+    return bucket_s, emb_s
+
+
+def _embedding_stages(graph: StepGraph, groups: dict) -> tuple:
+    return tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
+                        for s in stages))
+
+
+def _read_only(*arrays: np.ndarray) -> tuple:
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
 
 
 def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.ndarray) -> PipelineSummary:
     """The task level's per-stage figures, shared by candidates whose task durations and releases are
     equal bit for bit (clusters that differ in HBM, prices, or a part of the network that no task, send or
     early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
+    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    # perf: the kernels' layout, (stage, phase, chunk) durations and (stage, chunk) releases, built once
+    # and read as bytes for the keys
+    dur = np.stack((f_dur, b_dur), axis=1).astype(float, copy=False).ravel()
+    release = np.ascontiguousarray(f_release, dtype=float).ravel()
+    dur_bits, release_bits = dur.tobytes(), release.tobytes()
+
     def run() -> PipelineSummary:
-        summary = summarize(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur, b_dur, f_release)
+        if pipeline.HAVE_NUMBA and cache.enabled:
+            # perf: compiled, a candidate continues the task level of a shorter schedule (fewer
+            # micro-batches) with the same shape and durations (prefix.py: the same figures bit for bit)
+            summary = prefix.summarize(plan.schedule, pp, vpp, m, dur, release, dur_bits, release_bits)
+        else:
+            summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
         for a in (summary.compute_end, summary.last_b_start, summary.bubble, summary.gather_wait):
             a.flags.writeable = False     # shared: read-only from here on
         return summary
 
     # the solver is part of the key: the numpy fallback equals the compiled one to 1e-12, not bit for bit
-    key = (pipeline.HAVE_NUMBA, plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, f_dur.shape, _bits(f_dur),
-           _bits(b_dur), _bits(f_release))
+    key = (pipeline.HAVE_NUMBA, plan.schedule, pp, vpp, m, dur_bits, release_bits)
     return cache.summaries.get_or(key, run)
 
 
@@ -266,6 +315,34 @@ class _TailStatics:
     link: np.ndarray
     groups: tuple
     emb: tuple
+    fused: tuple | None = None   # kernels.stage_tails' per-stage / per-group inputs, where it applies
+
+
+def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
+    """kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
+    buckets), per group the bucket readiness terms (head, per layer, whole chunk) and (chunk, layers,
+    buckets, progressive), the tied-embedding stages; None where a group's buckets are not one chunk's
+    buckets ready in bucket order (the generic path sorts them)."""
+    group_of = np.full(pp, -1, dtype=np.int64)
+    terms_f, terms_i = [], []
+    for g, (rows, _, st, terms) in enumerate(statics_groups):
+        if not st.grad_buckets:
+            terms_f.append((0.0, 0.0, 0.0))
+            terms_i.append((0, 0, 0, 0))
+            continue
+        if terms is None:
+            return None
+        bs = st.grad_buckets[0]
+        head, per_layer, all_compute, n = terms
+        # bucket_ready_offsets (the kernel's arithmetic): ready in bucket order?
+        offsets = [head + math.ceil((k + 1) * n / bs.count) * per_layer if bs.progressive and n > 0 else all_compute
+                   for k in range(bs.count - 1)] + [all_compute]
+        if any(b < a for a, b in zip(offsets, offsets[1:])):
+            return None
+        group_of[rows] = g
+        terms_f.append((head, per_layer, all_compute))
+        terms_i.append((bs.chunk, n, bs.count, int(bs.progressive)))
+    return group_of, np.array(terms_f, dtype=float), np.array(terms_i, dtype=np.int64), np.array(emb, dtype=np.int64)
 
 
 def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -286,12 +363,16 @@ def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tupl
             terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0]) if len(st.grad_buckets) == 1
                      else None)
             rows_of.append((stages, s0, st, terms))
-        emb = tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
-                           for s in stages))
+        emb = _embedding_stages(graph, groups)
         adam.flags.writeable = link.flags.writeable = False
-        return _TailStatics(adam, link, tuple(rows_of), emb)
+        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(rows_of, pp, emb))
 
-    return cache.facts.get_or(("tail statics", cache.object_key(graph), blocks_key, compute_key), build)
+    # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
+    # batch, and the plan's layer split), not by the graph object
+    plan = graph.plan
+    key = ("tail statics", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers, plan.recompute_layers,
+           plan.chunk_layer_kinds, blocks_key, compute_key)
+    return cache.facts.get_or(key, build)
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
@@ -338,20 +419,32 @@ def _stage_groups(graph: StepGraph) -> dict:
 
 
 def _stage_groups_shared(graph: StepGraph) -> dict:
-    return cache.facts.get_or(("stage groups", cache.object_key(graph)), lambda: _stage_groups(graph))
+    plan = graph.plan
+    return cache.facts.get_or(("stage groups", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers),
+                              lambda: _stage_groups(graph))
 
 
 def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,
            gather_end: np.ndarray, t, blocks, events: list | None = None, dp_rate: np.ndarray | None = None, *,
-           blocks_key: tuple) -> StageTails:
+           blocks_key: tuple, sync_s: list | None = None) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
-    (name, start, end) so far, extended here (for the timeline); None: not recorded."""
+    (name, start, end) so far, extended here (for the timeline); None: not recorded. `sync_s`:
+    _sync_collective_s of this graph and network, where known."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
     statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
     adam, link = statics.adam, statics.link
+    if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
+        # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
+        # arithmetic below, bit for bit; tests/replay/test_contention.py)
+        group_of, terms_f, terms_i, emb = statics.fused
+        optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
+            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms_f, terms_i, sync_s[0], emb,
+            sync_s[1], adam, link)
+        return StageTails(summary.compute_end, optimizer_start, optimizer_end,
+                          _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
@@ -413,17 +506,24 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     offload = np.maximum(0.0, link - adam)
     optimizer_start = np.maximum(compute_end, dp_end)
     optimizer_end = optimizer_start + adam + offload
+    end = _after_optimizer(statics, optimizer_end, t, events)
+    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
+
+
+def _after_optimizer(statics: _TailStatics, optimizer_end: np.ndarray, t, events: list | None) -> np.ndarray:
+    """Each stage's end: parameter all-gathers issued after the optimizer (not overlapped with the next
+    step's first forwards) follow it."""
     end = optimizer_end.copy()
     for rows, _, st, _ in statics.groups:
         if st.gather_before_forward:
             continue
         for bs in st.param_gathers:
             d = t(bs.op)
-            if record:
+            if events is not None:
                 for s in rows:
                     events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
             end[rows] += bs.count * d
-    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
+    return end
 
 
 def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:

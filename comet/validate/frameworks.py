@@ -9,7 +9,9 @@ Sources of the defaults:
 - Megatron-LM / Megatron-Core `megatron/training/arguments.py`: micro-batch 1, no distributed optimizer
   (ZeRO 0), no sequence parallelism, no --overlap-grad-reduce / --overlap-param-gather /
   --tp-comm-overlap, no recompute, TE fused attention, gradients accumulated and reduced in FP32
-  (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp.
+  (`accumulate_allreduce_grads_in_fp32` with bf16), vocab padded to 128 * tp, the unfused fp32
+  cross-entropy (megatron-core 0.8.0 model_parallel_config.py `cross_entropy_loss_fusion = False`;
+  `loss_impl` megatron; the 2021-22 code, mpu/cross_entropy.py on `output.float()`, has the same steps).
 - Megatron-LM of the 2021-2022 papers (Narayanan SC21, Korthikanti MLSys23, both on A100): fp16 mixed
   precision, unfused softmax attention, no distributed optimizer, grad all-reduce after the backward
   ("No overlap of grad all-reduce with backprop in these runs", Korthikanti sec. 6.3). Versions up to
@@ -30,6 +32,9 @@ Sources of the defaults:
   modes (composer/trainer/mosaic_fsdp_utils.py get_mixed_precision) gather the weights in the autocast
   dtype (bf16) in DEFAULT and PURE alike (no fp32 all-gathers) and reduce in fp32 (DEFAULT) or bf16 (PURE,
   the llm-foundry yamls' fsdp_config). ZeRO 2 there is FSDP SHARD_GRAD_OP (`shard_grad_op`; docs/fsdp.md).
+  Its flash_attn_fn gathers Q, K and V into flash-attn's packed varlen layout and scatters the output back
+  in every layer (`bert_padding.unpad_input` / `index_first_axis` and `pad_input`, llm-foundry 0.3.0 to
+  0.8.0 llmfoundry/models/layers/attention.py: `attention_unpad`).
 - MaxText (JAX): FSDP over the data axis with XLA-scheduled gathers (overlapped), bf16, cuDNN flash;
   `selective` read as remat_policy save_qkv_proj (layer input and Q/K/V kept, the rest re-run).
 - torchtitan `selective` is per-op SAC: SDPA outputs and every second matmul output kept.
@@ -93,6 +98,7 @@ class FrameworkDefaults:
     zero3_live_params: float | None = None   # ZeRO-3 gathered parameters kept at once (None: two layers)
     loss_impl: str = "fused"                 # cross-entropy memory: fused (in place / compiled) or eager
     fsdp_impl: str = "torch"                 # a stated fsdp: PyTorch FSDP (torch) or Megatron-FSDP (megatron)
+    attention_unpad: bool = False            # flash-attn varlen layout: Q/K/V gathered, output scattered per layer
     dropout: bool = False                    # Megatron-LM's arguments default 0.1; NeMo perf recipes, MLPerf,
                                              # torchtitan, MaxText and MPT configs train with dropout 0
     # What the framework can express, for the knobs a row leaves empty (comet/validate/memory_knobs.py,
@@ -109,12 +115,15 @@ class FrameworkDefaults:
 
 _MEGATRON_CORE = FrameworkDefaults(
     "megatron-lm", zero=0, fsdp_impl="megatron", uneven_pipeline=True, interleave=True, bf16_grad_reduce=True, sequence_parallel=False, dropout=True, overlap_grad_reduce=False,
-    overlap_param_gather=False,
+    overlap_param_gather=False, loss_impl="megatron",
     notes={"zero": "Megatron-LM arguments.py: no --use-distributed-optimizer",
+           "loss_impl": "Megatron-Core cross_entropy_loss_fusion defaults to False (model_parallel_config.py): "
+                        "the unfused fp32 vocab_parallel_cross_entropy",
            "sequence_parallel": "Megatron-LM arguments.py: --sequence-parallel off"})
 _MEGATRON_2021 = replace(_MEGATRON_CORE, key="megatron-lm (2021-22)", precision="fp16", flash_attention=False,
                          overlap_p2p_comm=False, uneven_pipeline=False, bf16_grad_reduce=False,
-                         notes={"precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
+                         notes={"loss_impl": _MEGATRON_CORE.notes["loss_impl"],
+                                "precision": "2021-22 Megatron-LM papers train in fp16 mixed precision",
                                 "flash_attention": "before flash attention: unfused softmax kernels"})
 _NEMO = FrameworkDefaults("nemo", zero=1, fsdp_impl="megatron", overlap_tp_comm=True, grad_dtype="bf16", bf16_optimizer_state=True,
                           uneven_pipeline=True, interleave=True,
@@ -138,7 +147,7 @@ FRAMEWORKS: dict[str, FrameworkDefaults] = {
                                    flops_formula="palm_6n"),
     "llm-foundry": FrameworkDefaults("llm-foundry", zero=3, fsdp=True, shard_grad_op=True, overlap_param_gather=False,
                                      vocab_pad_to=1, attention_kernel="fa2", flops_formula="llm_foundry",
-                                     reduce_dtype="bf16",
+                                     reduce_dtype="bf16", attention_unpad=True,
                                      notes={"shard_grad_op": "llm-foundry fsdp_config sharding_strategy "
                                             "SHARD_GRAD_OP: per-module gathers before each forward, "
                                             "gradients reduce-scattered per module after its backward",

@@ -285,7 +285,7 @@ def build_parallel(c: Cells, model: ModelSpec, tp: int, pp: int, provisional: bo
             overlap_grad_reduce=c.bool_or("overlap_grad_reduce", d.overlap_grad_reduce),
             overlap_param_gather=c.bool_or("overlap_param_gather", d.overlap_param_gather),
             overlap_tp_comm=c.bool_or("tp_comm_overlap", d.overlap_tp_comm),
-            overlap_p2p_comm=d.overlap_p2p_comm,
+            overlap_p2p_comm=d.overlap_p2p_comm, attention_unpad=d.attention_unpad and d.flash_attention,
             flash_attention=d.flash_attention, grad_dtype=d.grad_dtype, fsdp=fsdp, dropout=d.dropout,
             dp_collective=dp_collective, zero3_live_params=live, loss_impl=loss_impl, fsdp_impl=d.fsdp_impl,
             shard_grad_op=shard_grad_op, reduce_dtype=reduce_dtype,

@@ -133,9 +133,11 @@ def build_stages(model: ModelSpec, par: ParallelConfig) -> tuple[StageSync, ...]
     return (first,) + (middle,) * (par.pp - 2) + (build_stage_sync(model, par, par.pp - 1),)
 
 
-def build_step_graph(model: ModelSpec, par: ParallelConfig, blocks: dict | None = None) -> StepGraph:
-    """`par` must be resolved (ParallelConfig.resolve). `blocks`: build_blocks(model, par) already built
-    (the replay's cache shares them between configurations that differ only outside the blocks)."""
+def build_step_graph(model: ModelSpec, par: ParallelConfig, blocks: dict | None = None,
+                     stages: tuple | None = None) -> StepGraph:
+    """`par` must be resolved (ParallelConfig.resolve). `blocks` / `stages`: build_blocks(model, par) /
+    build_stages(model, par) already built (the replay's cache shares them between configurations that
+    differ only outside them)."""
     return StepGraph(blocks=blocks if blocks is not None else build_blocks(model, par), plan=build_plan(model, par),
-                     stages=build_stages(model, par),
+                     stages=stages if stages is not None else build_stages(model, par),
                      meta={"model": model, "parallel": par, "label": par.label(), "source": "built"})

@@ -25,6 +25,23 @@ from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 ACT_BYTES = 2   # bf16/fp16 activations
 FP8_BYTES = 1
 
+# HBM bytes per logit (tokens x vocab / tp) the loss moves: (forward, backward), by implementation
+# (ParallelConfig.loss_impl; the bytes it keeps are comet/workload/memory.py LOSS_LOGIT_BYTES).
+#  fused: one pass that reads the 16-bit logits and writes the fp32 softmax (2 + 4) plus a reduction
+#    re-read (4); the backward reads it and writes the 16-bit gradient (4 + 2).
+#  eager: PyTorch eager F.cross_entropy(pred.float()) (torchtitan before 0.1.0): cast (read 2, write 4),
+#    log_softmax (4 + 4), nll_loss (a gather); backward: nll_loss_backward writes a zero fp32 gradient
+#    (4), log_softmax_backward reads it and the saved output and writes a new one (4 + 4 + 4), and the
+#    cast's backward returns 16 bits (4 + 2): 14 and 22.
+#  megatron: Megatron-Core's unfused vocab_parallel_cross_entropy, its default (ModelParallelConfig
+#    cross_entropy_loss_fusion = False; megatron-core 0.8.0 tensor_parallel/cross_entropy.py), one kernel
+#    per line: logits.float() (2 + 4), max (4), in-place subtract of the max (4 + 4), exp (4 + 4), sum
+#    (4), div_ by the sum to the saved softmax (4 + 4): 38; backward: the scatter at the targets, mul_ by
+#    the output gradient (4 + 4) and the cast's backward to 16 bits (4 + 2): 14.
+LOSS_HBM_BYTES = {"fused": (ACT_BYTES + 4 * 2, 4 + ACT_BYTES),
+                  "eager": (ACT_BYTES + 4 + 4 * 2, 4 + 4 * 3 + 4 + ACT_BYTES),
+                  "megatron": (ACT_BYTES + 4 + 4 + 4 * 2 + 4 * 2 + 4 + 4 * 2, 4 * 2 + 4 + ACT_BYTES)}
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -398,13 +415,33 @@ def dense_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps, name: str = "") -> De
     return col_backward(bb, D, f"{name}fc1", D.gate * D.f // D.t, x)
 
 
+def unpad_copies(bb: BlockBuilder, D: Dims, x: Deps, backward: bool, before: bool) -> Deps:
+    """The copies into and out of flash-attn's packed (varlen) layout where the framework makes them
+    (ParallelConfig.attention_unpad; flash-attn 2.3.2 flash_attn/bert_padding.py IndexFirstAxis,
+    IndexPutFirstAxis). Forward, before the kernel: `index_first_axis` gathers Q, K and V (torch.gather:
+    read 2 + write 2 B per element); after it, `pad_input` zero-fills the padded output and index-puts into
+    it (2 + 2 + 2). Backward, before: the output gradient gathered back (`grad_output[indices]`, 2 + 2);
+    after: Q, K and V gradients zero-filled and scattered (`torch.zeros` + `scatter_`, 2 + 2 + 2 each). Per rank the
+    tensors are T x q/t (Q, output) and T x kv/t (K, V)."""
+    if not bb.par.attention_unpad:
+        return x
+    q, kv = D.T * D.q // D.t, D.T * D.kv // D.t
+    if before:
+        nbytes = q * 2 * ACT_BYTES if backward else (q + 2 * kv) * 2 * ACT_BYTES
+        return [bb.memory("attention.pad_grad_gather" if backward else "attention.unpad_qkv", nbytes, x)]
+    nbytes = (q + 2 * kv) * 3 * ACT_BYTES if backward else q * 3 * ACT_BYTES
+    return [bb.memory("attention.unpad_qkv.bwd" if backward else "attention.pad_output", nbytes, x)]
+
+
 def attention_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     """QKV projection, attention core, output projection (MLA: comet/workload/mla.py)."""
     if bb.model.mla is not None:
         from comet.workload import mla
         return mla.forward(bb, D, x)
     x = tp_in(bb, D, "qkv", D.T, (D.q + 2 * D.kv) // D.t, D.h, x)
+    x = unpad_copies(bb, D, x, backward=False, before=True)
     x = attention_core(bb, D, x, backward=False)
+    x = unpad_copies(bb, D, x, backward=False, before=False)
     return tp_out(bb, D, "proj", D.T, D.h, D.q // D.t, x)
 
 
@@ -413,7 +450,9 @@ def attention_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
         from comet.workload import mla
         return mla.backward(bb, D, x)
     x = row_backward(bb, D, "proj", D.q // D.t, x)
+    x = unpad_copies(bb, D, x, backward=True, before=True)
     x = attention_core(bb, D, x, backward=True)
+    x = unpad_copies(bb, D, x, backward=True, before=False)
     return col_backward(bb, D, "qkv", (D.q + 2 * D.kv) // D.t, x)
 
 
@@ -503,7 +542,16 @@ def embedding_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     bb = BlockBuilder(Phase.BACKWARD, par, model)
     x = [bb.memory("embedding.dropout.bwd", D.Ts * D.h * (2 * ACT_BYTES + 1), [])]
     x = grad_in(bb, D, "embedding", x)
-    bb.memory("embedding.grad_scatter_add", D.T * D.h * 4 * 2, x)   # fp32 main-grad rows
+    # F.embedding's weight gradient is dense: a zero V/t x h tensor in the weight's 16-bit dtype with the
+    # T gradient rows accumulated into it (torch/_decomp/decompositions.py embedding_dense_backward:
+    # new_zeros + index_put accumulate): write 2 B per weight; read 2 per row element, read + write 2 + 2
+    x = [bb.memory("embedding.grad_scatter_add", D.V // D.t * D.h * ACT_BYTES + D.T * D.h * ACT_BYTES * 3, x)]
+    if not (par.fsdp and par.fsdp_impl == "torch"):
+        # Megatron-Core's DDP hook adds it into the fp32 main gradient each micro-batch
+        # (megatron-core 0.8.0 distributed/distributed_data_parallel.py _make_param_hook:
+        # param.main_grad.add_(param.grad.data)): read 4 + 2, write 4 per weight. PyTorch FSDP hands the
+        # 16-bit gradient to its reduce-scatter instead.
+        bb.memory("embedding.main_grad_add", D.V // D.t * D.h * (4 + ACT_BYTES + 4), x)
     return bb.done()
 
 
@@ -515,7 +563,7 @@ def head_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     bb = BlockBuilder(Phase.FORWARD, par, model)
     x = norm(bb, D, "final_norm", [])
     x = tp_in(bb, D, "logits", D.T, D.V // D.t, D.h, x)
-    x = [bb.memory("cross_entropy", D.T * D.V // D.t * (ACT_BYTES + 4 * 2), x)]
+    x = [bb.memory("cross_entropy", D.T * D.V // D.t * LOSS_HBM_BYTES[par.loss_impl][0], x)]
     if D.t > 1:
         for what in ("max", "sum_exp", "target"):
             x = [bb.collective(f"cross_entropy.all_reduce_{what}", Collective.ALL_REDUCE, D.T * 4, GroupKind.TP, x)]
@@ -525,7 +573,7 @@ def head_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
 def head_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     D = Dims.of(model, par)
     bb = BlockBuilder(Phase.BACKWARD, par, model)
-    x = [bb.memory("cross_entropy.bwd", D.T * D.V // D.t * (4 + ACT_BYTES), [])]
+    x = [bb.memory("cross_entropy.bwd", D.T * D.V // D.t * LOSS_HBM_BYTES[par.loss_impl][1], [])]
     x = col_backward(bb, D, "logits", D.V // D.t, x)
     norm(bb, D, "final_norm.bwd", x, backward=True)
     return bb.done()

@@ -38,7 +38,8 @@ FP8_ACT_BYTES = 1      # TE saves FP8 GEMM inputs for the weight gradient [T]
 #    whose train.py left `torch.compile(loss_fn)` commented out): log_softmax saves its fp32 output (4),
 #    nll_loss's backward makes an fp32 gradient (4) and log_softmax's backward a new fp32 one (4) while
 #    the saved output is still held.
-LOSS_LOGIT_BYTES = {"fused": 4, "eager": 12}
+#  megatron: as fused (Megatron-Core's unfused default runs the same in-place steps one kernel each).
+LOSS_LOGIT_BYTES = {"fused": 4, "eager": 12, "megatron": 4}
 WEIGHT_BYTES = 2       # bf16/fp16 weights
 FP8_CACHE_BYTES = 2    # TE FP8 weight copy + its transpose cache, per GEMM weight [T]
 GRAD_BYTES = {"fp32": 4, "bf16": 2}   # main-gradient buffer: fp32 (Megatron default) or bf16 where stated

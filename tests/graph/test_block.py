@@ -4,6 +4,7 @@ built only on first use, and an ordinary graph from then on."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 
 import networkx as nx
@@ -71,3 +72,14 @@ def test_networkx_copies_are_plain_graphs_and_edits_are_seen(blocks):
     assert type(b) is nx.DiGraph and "host" in b
     assert content(b) != before and block_lists(b) is None
     assert Block() is not None and type(Block()) is nx.DiGraph
+
+
+def test_equal_ops_hash_alike(blocks):
+    """Op hashes a subset of its fields: ops equal field for field (defaults given or not, copies,
+    replace() with the same value, pickles) must hash alike, and a changed field must break equality."""
+    for op in (op for g in blocks.values() for op in block_ops(g)):
+        twins = (Op(**{f.name: getattr(op, f.name) for f in dataclasses.fields(Op)}),   # every field given
+                 op.with_(rank=op.rank), pickle.loads(pickle.dumps(op)), copy.deepcopy(op))
+        for twin in twins:
+            assert twin == op and hash(twin) == hash(op)
+        assert op.with_(peer=7) != op and op.with_(dtype_bytes=op.dtype_bytes + 1) != op

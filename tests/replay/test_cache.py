@@ -19,7 +19,7 @@ from comet.replay import cache
 from comet.replay.kernels import HAVE_NUMBA
 from comet.replay.pipeline import build_programs, solve, solve_numpy
 from comet.search.context import apply_provisioning
-from comet.workload.builder import build_blocks, build_step_graph
+from comet.workload.builder import build_blocks, build_stages, build_step_graph
 
 MODELS = {
     "tiny": ModelSpec(name="tiny", layers=8, hidden=512, heads=8, vocab=4096, seq_len=256),
@@ -159,6 +159,20 @@ def test_equal_block_config_builds_equal_blocks(a, b):
     if cache.block_config(ra) != cache.block_config(rb):
         return
     assert _signatures(build_blocks(model, ra)) == _signatures(build_blocks(model, rb))
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=configs, batch=st.sampled_from([16, 32, 64, 128]))
+def test_equal_stage_config_builds_equal_stage_syncs(a, batch):
+    # evaluate._built shares stage syncs between configurations equal but for the global batch
+    # (cache.stage_config): a stage sync that starts reading it fails here
+    (model, pa), (_, pb) = _par(a), _par(dict(a, global_batch=batch))
+    try:
+        ra, rb = pa.resolve(model), pb.resolve(model)
+    except ConfigError:
+        return
+    assert cache.stage_config(ra) == cache.stage_config(rb)
+    assert build_stages(model, ra) == build_stages(model, rb)
 
 
 @pytest.mark.parametrize("schedule,pp,vpp,m", [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8),

@@ -9,7 +9,7 @@ import pytest
 
 from comet.config.cluster import NetworkDim
 from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig, Schedule
+from comet.config.parallel import OffloadTarget, ParallelConfig, Schedule
 from comet.evaluate import resolve
 from comet.replay import contention, step as step_mod
 from comet.replay.step import bucket_ready_offsets, replay_step
@@ -120,8 +120,19 @@ def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str)
 
 @pytest.mark.parametrize("par", [dict(tp=2, cp=4, pp=1, gpus=16), dict(tp=2, cp=2, pp=2, gpus=32)])
 def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
-    # one chunk's buckets on a shared port run in one compiled pass (kernels.shared_bucket_stream)
+    # one chunk's buckets on a shared port run in one compiled pass (kernels.shared_bucket_stream), where
+    # the tails are not fused (a stage group's buckets span several sets: kernels.stage_tails does not apply)
+    monkeypatch.setattr(step_mod, "_fused_statics", lambda *a: None)
     _compiled_equals_generic(two_tier, monkeypatch, par, "shared_bucket_stream")
+
+
+@pytest.mark.parametrize("par", [dict(tp=2, cp=4, pp=1, gpus=16), dict(tp=2, cp=2, pp=2, gpus=32),
+                                 dict(tp=2, cp=2, pp=4, gpus=64, zero=1, global_batch=16),
+                                 dict(tp=2, cp=2, pp=4, gpus=64, overlap_grad_reduce=False, global_batch=16),
+                                 dict(tp=2, cp=2, pp=2, gpus=32, offload=(OffloadTarget.OPTIMIZER,))])
+def test_fused_stage_tails_equal_the_generic_path(two_tier, monkeypatch, par):
+    # every stage's DP stream, tied-embedding sync and optimizer in one compiled pass (kernels.stage_tails)
+    _compiled_equals_generic(two_tier, monkeypatch, par, "stage_tails")
 
 
 @pytest.mark.parametrize("par", [dict(tp=2, cp=2, pp=2, vpp=2, gpus=32, schedule=Schedule.INTERLEAVED),
