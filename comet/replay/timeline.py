@@ -114,9 +114,9 @@ def write_chrome_trace(events: list[dict], path: str | Path, meta: dict | None =
            "otherData": {"time_origin": TIME_ORIGIN, **(meta or {})}}
     data = json.dumps(doc, separators=(",", ":"), default=_json_default).encode()
     if path.suffix == ".gz":
-        # perf: level 6 is ~3x faster than the default 9 for a few % larger files
-        with gzip.open(path, "wb", compresslevel=6) as f:
-            f.write(data)
+        # perf: level 3, as the study's journal and CSV: measured on the gpt3_1t study's three timelines
+        # (1.9-5.2 MB of JSON) 0.066 s against 0.18 s at level 6, files ~13% larger, the same JSON inside
+        path.write_bytes(gzip.compress(data, compresslevel=3, mtime=0))
     else:
         path.write_bytes(data)
     return path

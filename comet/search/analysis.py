@@ -5,6 +5,7 @@ the effect of each provisioning axis, and which resource the best designs are bo
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 import pandas as pd
 
@@ -25,10 +26,11 @@ def feasible(df: pd.DataFrame) -> pd.DataFrame:
     return ok[ok[TIME].notna() & (ok[TIME] < math.inf)] if TIME in ok else ok.iloc[0:0]
 
 
-def best_per_cluster(df: pd.DataFrame) -> pd.DataFrame:
-    """The best (shortest time-to-train) row of each cluster configuration."""
+def best_per_cluster(df: pd.DataFrame, cols: list[str] | None = None) -> pd.DataFrame:
+    """The best (shortest time-to-train) row of each cluster configuration (`cols`: cluster_columns(df)
+    when the caller already has them)."""
     ok = feasible(df)
-    cols = cluster_columns(df)
+    cols = cluster_columns(df) if cols is None else cols
     if ok.empty or not cols:
         return ok
     # perf: only the key and time columns are copied to fill the gaps
@@ -36,21 +38,42 @@ def best_per_cluster(df: pd.DataFrame) -> pd.DataFrame:
     return ok.loc[idx.values].sort_values(TIME)
 
 
-def spread(df: pd.DataFrame) -> dict | None:
+class Findings:
+    """What a study's summary asks of one results table, each answer computed once: the cluster columns,
+    the best row of each cluster, each axis' effect. The case-study and provisioning sections both read
+    them (perf: best_per_cluster ran 7 times and every axis effect twice per gpt3_1t summary)."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.df = df
+        self.cols = cluster_columns(df)
+        self._effects: dict[str, dict | None] = {}
+
+    @cached_property
+    def best(self) -> pd.DataFrame:
+        return best_per_cluster(self.df, self.cols)
+
+    def effect(self, axis: str) -> dict | None:
+        if axis not in self._effects:
+            self._effects[axis] = axis_effect(self.df, axis, self.best, self.cols)
+        return self._effects[axis]
+
+
+def spread(df: pd.DataFrame, best: pd.DataFrame | None = None) -> dict | None:
     """Best time-to-train of the best and of the worst cluster configuration, and their ratio."""
-    best = best_per_cluster(df)
+    best = best_per_cluster(df) if best is None else best
     if len(best) < 2:
         return None
     lo, hi = best.iloc[0], best.iloc[-1]
     return {"clusters": len(best), "best": lo, "worst": hi, "ratio": hi[TIME] / lo[TIME]}
 
 
-def axis_effect(df: pd.DataFrame, axis: str, best: pd.DataFrame | None = None) -> dict | None:
+def axis_effect(df: pd.DataFrame, axis: str, best: pd.DataFrame | None = None,
+                cols: list[str] | None = None) -> dict | None:
     """For each group of the other cluster axes: best time at the axis' first value / at each other
     value. Returns the largest and median speed-up of going from the lowest to a higher value.
-    `best` is best_per_cluster(df) when the caller already has it."""
-    best = best_per_cluster(df) if best is None else best
-    cols = cluster_columns(df)
+    `best` is best_per_cluster(df) and `cols` cluster_columns(df) when the caller already has them."""
+    cols = cluster_columns(df) if cols is None else cols
+    best = best_per_cluster(df, cols) if best is None else best
     if axis not in cols or best.empty:
         return None
     others = [c for c in cols if c != axis]

@@ -39,17 +39,17 @@ def merge_equivalent(front: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
     groups = key.astype(str).agg("|".join, axis=1)
     axes = [c for c in DESIGN_AXES if c in front.columns]
     text = {c: front[c].astype(str).tolist() for c in axes}   # perf: one conversion, not one per group
-    rows = []
+    first, equivalent, designs = [], [], []
     for _, pos in groups.groupby(groups, sort=False).indices.items():
-        members = front.iloc[pos]
-        row = members.iloc[0].copy()
         differ = [c for c in axes if len({text[c][i] for i in pos}) > 1]
-        row["equivalent"] = "; ".join(
-            f"{c}: " + ", ".join(_fmt(v) for v in sorted(members[c].dropna().unique(), key=_sort_key))
-            for c in differ)
-        row["designs"] = len(members)
-        rows.append(row)
-    return pd.DataFrame(rows)
+        first.append(pos[0])
+        equivalent.append("; ".join(
+            f"{c}: " + ", ".join(_fmt(v) for v in sorted(front[c].iloc[pos].dropna().unique(), key=_sort_key))
+            for c in differ))
+        designs.append(len(pos))
+    # perf: the first row of each group taken as a block (a row Series per group, then a frame rebuilt from
+    # them, took ~0.1 s of a gpt3_1t summary and re-inferred every column's dtype)
+    return front.iloc[first].assign(equivalent=equivalent, designs=designs)
 
 
 def top_per_objective(front: pd.DataFrame, space: SearchSpace, n: int) -> pd.DataFrame:

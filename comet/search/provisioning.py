@@ -18,14 +18,10 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}"
 
 
-def _design_cols(df: pd.DataFrame) -> list[str]:
-    return [c for c in analysis.cluster_columns(df) if c != "gpus"]
-
-
-def spread_at_fixed_gpus(df: pd.DataFrame) -> list[dict]:
+def spread_at_fixed_gpus(df: pd.DataFrame, best: pd.DataFrame | None = None) -> list[dict]:
     """Per GPU count: the best time of the slowest and of the fastest cluster design (each with its best
-    parallel configuration), and over every feasible candidate."""
-    best = analysis.best_per_cluster(df)
+    parallel configuration), and over every feasible candidate (`best`: best_per_cluster(df) if known)."""
+    best = analysis.best_per_cluster(df) if best is None else best
     ok = analysis.feasible(df)
     out = []
     if best.empty or "gpus" not in best:
@@ -39,17 +35,15 @@ def spread_at_fixed_gpus(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _axis_reasons(df: pd.DataFrame) -> list[str]:
-    best = analysis.best_per_cluster(df)
-    effects = [analysis.axis_effect(df, a, best) for a in _design_cols(df)]
+def _axis_reasons(found: analysis.Findings) -> list[str]:
+    effects = [found.effect(a) for a in found.cols if a != "gpus"]
     effects = [e for e in effects if e and e["groups"]]
     effects.sort(key=lambda e: -e["max"])
     return [f"{e['axis']} (from {e['low']:g}: up to {_fmt(e['max'])}x, median {_fmt(e['median'])}x)"
             for e in effects]
 
 
-def _expansion_reason(df: pd.DataFrame, hbm_GB: float) -> str:
-    best = analysis.best_per_cluster(df)
+def _expansion_reason(best: pd.DataFrame, hbm_GB: float) -> str:
     if best.empty:
         return ""
     limited = sum(analysis.memory_limited(r, hbm_GB) for _, r in best.iterrows())
@@ -60,15 +54,19 @@ def _expansion_reason(df: pd.DataFrame, hbm_GB: float) -> str:
             "bandwidth (it is exposed when the link is slower than the Adam step it overlaps)")
 
 
-def provisioning_section(df: pd.DataFrame, front: pd.DataFrame, ctx) -> list[str]:
+def provisioning_section(df: pd.DataFrame, front: pd.DataFrame, ctx,
+                         found: analysis.Findings | None = None) -> list[str]:
+    """`found`: the summary's Findings of df (shared with its other sections), or computed here."""
     ok = analysis.feasible(df)
     if ok.empty or analysis.TIME not in ok:
         return []
+    found = found or analysis.Findings(df)
+    design_cols = [c for c in found.cols if c != "gpus"]
     lines = ["## Provisioning (next to COMET)", ""]
-    spreads = spread_at_fixed_gpus(df)
+    spreads = spread_at_fixed_gpus(df, found.best)
     multi = [s for s in spreads if s["designs"] > 1]
     if multi:
-        cols = _design_cols(df)
+        cols = design_cols
         top = max(multi, key=lambda s: s["ratio"])
         lines.append(
             "**Spread across cluster designs at a fixed GPU count** (each design at its best parallel "
@@ -79,7 +77,7 @@ def provisioning_section(df: pd.DataFrame, front: pd.DataFrame, ctx) -> list[str
             f"{_row_text(top['worst'], cols)} ({top['worst'][analysis.TIME]:.1f} days). Over every feasible "
             "candidate (any parallel configuration) the spread is "
             + ", ".join(f"{_fmt(s['any_ratio'])}x at {s['gpus']} GPUs" for s in multi) + ".")
-        reasons = _axis_reasons(df)
+        reasons = _axis_reasons(found)
         lines += ["", "Why the spread differs from COMET's: each design here is compared at the best parallel "
                   "configuration the search finds for it, which absorbs part of a weaker design's handicap "
                   "(the spread over every candidate, above, is wider); what remains comes from the axes, in "
@@ -90,7 +88,7 @@ def provisioning_section(df: pd.DataFrame, front: pd.DataFrame, ctx) -> list[str
     if gain:
         lines.append(f"**Memory expansion gain**: up to **{_fmt(gain['max'])}x** (median {_fmt(gain['median'])}x "
                      f"over {gain['groups']} designs, other axes equal); COMET reports up to "
-                     f"{COMET_EXPANSION_GAIN}x. Why: {_expansion_reason(df, ctx.cluster.gpu.hbm_GB)}"
+                     f"{COMET_EXPANSION_GAIN}x. Why: {_expansion_reason(found.best, ctx.cluster.gpu.hbm_GB)}"
                      + (f"; {gain['only_feasible_above_low']} designs are feasible only with expansion."
                         if gain["only_feasible_above_low"] else "."))
         lines.append("")
@@ -103,7 +101,7 @@ def provisioning_section(df: pd.DataFrame, front: pd.DataFrame, ctx) -> list[str
         lines += ["**What bounds each Pareto design** (largest share of step time; exposed communication on the "
                   "scale-up or scale-out tier by the GPUs each group spans):", "",
                   "| design | parallel | days | bound by | largest overhead |", "|---|---|---|---|---|"]
-        cols = _design_cols(df) + ["gpus"]
+        cols = design_cols + ["gpus"]
         for r, b in zip(rows, bounds):
             name, share = analysis.largest_overhead(r, size)
             lines.append(f"| {_row_text(r, cols)} | {r.get('label', '')} | {r[analysis.TIME]:.1f} | {b} | "

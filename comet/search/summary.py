@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -76,6 +77,11 @@ class Report:
     front: pd.DataFrame                   # every Pareto row
     merged: pd.DataFrame                  # equivalent designs merged (front.merge_equivalent)
     ccols: list = field(default_factory=list)   # cluster axes that vary in the study
+
+    @cached_property
+    def found(self) -> analysis.Findings:
+        """Best design per cluster and axis effects, computed once for every section that reads them."""
+        return analysis.Findings(self.df)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -244,7 +250,7 @@ def per_objective(r: Report) -> list[str]:
 
 
 def case_study(r: Report) -> list[str]:
-    return _case_study(r.df, r.ctx) if not r.ok.empty else []
+    return _case_study(r.df, r.ctx, r.found) if not r.ok.empty else []
 
 
 def error_band(r: Report) -> list[str]:
@@ -253,7 +259,7 @@ def error_band(r: Report) -> list[str]:
 
 def provisioning(r: Report) -> list[str]:
     """comet/search/provisioning.py: spread across designs at fixed GPU count, expansion gain, COMET comparison."""
-    return provisioning_section(r.df, r.front, r.ctx) if not r.ok.empty else []
+    return provisioning_section(r.df, r.front, r.ctx, r.found) if not r.ok.empty else []
 
 
 def files(r: Report) -> list[str]:
@@ -340,12 +346,12 @@ def _error_band_note(ok: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
-def _case_study(df: pd.DataFrame, ctx) -> list[str]:
+def _case_study(df: pd.DataFrame, ctx, found: analysis.Findings) -> list[str]:
     lines = ["## Case-study questions", ""]
     if analysis.TIME not in df:
         return lines + ["(no time-to-train column)"]
-    ccols = analysis.cluster_columns(df)
-    sp = analysis.spread(df)
+    ccols = found.cols
+    sp = analysis.spread(df, found.best)
     if sp:
         lines.append(f"**Spread across cluster configurations.** Over {sp['clusters']} cluster configurations, "
                      f"the best time-to-train ranges from {sp['best'][analysis.TIME]:.1f} days "
@@ -357,8 +363,7 @@ def _case_study(df: pd.DataFrame, ctx) -> list[str]:
                       f"{ok[analysis.TIME].min():.1f} to {ok[analysis.TIME].max():.1f} days "
                       f"({ok[analysis.TIME].max() / ok[analysis.TIME].min():.1f}x).")
         lines.append("")
-    best = analysis.best_per_cluster(df)
-    effects = [e for e in (analysis.axis_effect(df, a, best) for a in ("gpus",) + PROVISION_KEYS) if e]
+    effects = [e for e in (found.effect(a) for a in ("gpus",) + PROVISION_KEYS) if e]
     if effects:
         lines += ["**Effect of each provisioning axis** (best time at the lowest value / best at a higher value, "
                   "other axes equal):", "", "| axis | lowest | groups | median speed-up | max speed-up | "
@@ -367,12 +372,12 @@ def _case_study(df: pd.DataFrame, ctx) -> list[str]:
             lines.append(f"| {e['axis']} | {_fmt(e['low'])} | {e['groups']} | {_fmt(e['median'])}x | "
                          f"{_fmt(e['max'])}x | {e['only_feasible_above_low']} |")
         lines.append("")
-    lines += _bounds(df, ctx, ccols)
+    lines += _bounds(found.best, ctx, ccols)
     return lines
 
 
-def _bounds(df: pd.DataFrame, ctx, ccols: list[str]) -> list[str]:
-    best = analysis.best_per_cluster(df).head(TOP)
+def _bounds(best_per_cluster: pd.DataFrame, ctx, ccols: list[str]) -> list[str]:
+    best = best_per_cluster.head(TOP)
     if best.empty:
         return []
     size = ctx.cluster.network[0].size
