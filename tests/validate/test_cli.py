@@ -123,7 +123,7 @@ def test_published_structure():
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=False, reason="Korthikanti's 1T model on pp 64 (512 A100) reads 12% slow: the A100 "
-                   "efficiencies are fitted on the 35 fitted rows of three publications (docs/validation.md)")
+                   "efficiencies are fitted on 35 A100 rows from three sources (docs/validation.md)")
 def test_published_korthikanti_iteration_times():
     """Korthikanti et al. (2022) Table 4 iteration times within 5% MAPE."""
     kort = [p for p in _published().predictions if p.case.source_label.startswith("Korthikanti")
