@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -334,10 +333,7 @@ def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
             return None
         bs = st.grad_buckets[0]
         head, per_layer, all_compute, n = terms
-        # bucket_ready_offsets (the kernel's arithmetic): ready in bucket order?
-        offsets = [head + math.ceil((k + 1) * n / bs.count) * per_layer if bs.progressive and n > 0 else all_compute
-                   for k in range(bs.count - 1)] + [all_compute]
-        if any(b < a for a, b in zip(offsets, offsets[1:])):
+        if (np.diff(_ready_offsets(terms, bs)) < 0).any():   # not ready in bucket order
             return None
         group_of[rows] = g
         terms_f.append((head, per_layer, all_compute))
@@ -379,7 +375,12 @@ def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.n
     """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
     backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
     ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
-    head, per_layer, all_compute, n = _bucket_ready_terms(graph, blocks, stage, bs)
+    return _ready_offsets(_bucket_ready_terms(graph, blocks, stage, bs), bs)
+
+
+def _ready_offsets(terms: tuple, bs) -> np.ndarray:
+    """bucket_ready_offsets from the chunk's _bucket_ready_terms."""
+    head, per_layer, all_compute, n = terms
     if not bs.progressive or n == 0:
         return np.full(bs.count, all_compute)
     layers_done = np.ceil(np.arange(1, bs.count + 1) * n / bs.count)
