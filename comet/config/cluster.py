@@ -202,9 +202,11 @@ class ClusterSpec:
     def gpus_per_node(self) -> int:
         return self.network[0].size or 1
 
-    @property
+    @functools.cached_property
     def levels(self) -> tuple[NetworkDim, ...]:
-        """The network with every fabric tier as its own level (what collectives are placed on)."""
+        """The network with every fabric tier as its own level (what collectives are placed on). Cached
+        on the instance (perf: the collective cost models read it per call; hashing the network each
+        time showed in the cold path)."""
         return network_levels(self.network)
 
     def with_changes(self, **changes) -> ClusterSpec:

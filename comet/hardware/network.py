@@ -194,7 +194,7 @@ class _Cost:
         self.plateau_s = plateau_s
 
     def time(self) -> float:
-            # perf: plain loops instead of generator sums (the same additions, left to right)
+        # perf: plain loops instead of generator sums (the same additions, left to right)
         hops = self.hops
         if self.nvls:   # the NVLS part of the path is in the base latency; only network hops add
             net = 0
@@ -301,7 +301,7 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
     ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"); a hierarchical ring using all 8 NICs
     of a node would be 8x faster. Time = (n-1)/n * buffer / min(port rate) for all-gather and
     reduce-scatter, 2x for all-reduce (Thakur, Rabenseifner & Gropp 2005)."""
-    levels = cluster.levels      # perf: a property hashing the network on every read
+    levels = cluster.levels
     views = _views(size, stride, levels, flat)
     if not views:
         return {"none": 0.0}
@@ -437,6 +437,6 @@ def ring_exchange_time_s(msg_bytes: float, size: int, stride: int, cluster: Clus
     if msg_bytes <= 0 or size <= 1:
         return 0.0
     members = [i * stride for i in range(size)]
-    levels = cluster.levels      # perf: a property hashing the network on every read
+    levels = cluster.levels
     crossed = {_level_holding(a, b, levels) for a, b in zip(members, members[1:] + members[:1])}
     return max(_hop_time_s(msg_bytes, level, stride, levels) for level in crossed)
