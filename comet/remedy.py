@@ -16,7 +16,8 @@ from itertools import combinations
 from comet.config.cluster import ClusterSpec
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
-from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute, RecomputeModule, SelectivePolicy
+from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute, RecomputeModule
+from comet.workload import recompute_modules
 
 MAX_REMEDIES = 3
 
@@ -32,8 +33,7 @@ def _moves(par: ParallelConfig, cluster: ClusterSpec, model: ModelSpec | None = 
             moves.append((f"tp {par.tp} -> {par.tp * 2}", {"tp": par.tp * 2}))
     if par.recompute is Recompute.NONE:
         moves.append(("recompute selective", {"recompute": Recompute.SELECTIVE}))
-    if (model is not None and (model.moe is not None or model.mla is not None) and not par.recompute_modules
-            and par.recompute is not Recompute.FULL and par.selective_policy is SelectivePolicy.ATTENTION):
+    if model is not None and (model.moe is not None or model.mla is not None) and recompute_modules.can_add(par):
         # Megatron-Core's recompute modules: MoE / MLA activations freed for a few percent more work
         # (comet/workload/recompute_modules.py)
         moves.append(("recompute selective + modules", {"recompute": Recompute.SELECTIVE,

@@ -38,10 +38,11 @@ from dataclasses import dataclass, replace
 
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig, Precision, Recompute, RecomputeModule, SelectivePolicy
+from comet.config.parallel import ParallelConfig, Precision, Recompute, RecomputeModule
 from comet.errors import ConfigError
 from comet.evaluate import resolve
 from comet.validate.frameworks import FrameworkDefaults
+from comet.workload import recompute_modules
 from comet.workload.memory import MemoryEstimate, estimate_memory
 
 
@@ -77,8 +78,7 @@ LADDER = (
     Step("recompute", "recompute", Recompute.SELECTIVE,
          lambda p, d: d.selective_recompute and _ORDER.index(p.recompute) < _ORDER.index(Recompute.SELECTIVE)),
     Step("recompute", "recompute_modules", tuple(RecomputeModule),
-         lambda p, d: d.recompute_modules and p.recompute is not Recompute.FULL and not p.recompute_modules
-         and p.selective_policy is SelectivePolicy.ATTENTION, also=(("recompute", Recompute.SELECTIVE),)),
+         lambda p, d: d.recompute_modules and recompute_modules.can_add(p), also=(("recompute", Recompute.SELECTIVE),)),
     Step("", "optimizer_dtype", "bf16", lambda p, d: d.bf16_optimizer_state and p.optimizer_dtype == "fp32"),
     Step("recompute", "recompute", Recompute.FULL, lambda p, d: p.recompute is not Recompute.FULL),
 )

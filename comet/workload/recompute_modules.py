@@ -29,6 +29,13 @@ from comet.workload.layers import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims
 from comet.workload.moe import FP8_SAVED_BYTES, expert_dims, routed_tokens
 
 
+def can_add(par: ParallelConfig) -> bool:
+    """Whether moving to selective recompute with every module is a change from `par`: no modules yet, not
+    full recompute, and the attention-core selective policy they extend."""
+    return (not par.recompute_modules and par.recompute is not Recompute.FULL
+            and par.selective_policy is SelectivePolicy.ATTENTION)
+
+
 def active(par: ParallelConfig) -> frozenset[RecomputeModule]:
     """The modules recomputed under this configuration (none unless Megatron-Core selective recompute)."""
     if par.recompute is not Recompute.SELECTIVE or par.selective_policy is not SelectivePolicy.ATTENTION:
