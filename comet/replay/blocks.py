@@ -13,7 +13,7 @@ from comet.graph.ir import OpKind
 from comet.replay import block_kernel, cache
 from comet.replay.compile import compile_graph
 from comet.replay.engine import Replay, replay, replay_graph
-from comet.replay.timing import timed_s
+from comet.replay.timing import op_time_s, timed_s
 
 _NETWORK_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)   # timed by comet/hardware/network.py
 
@@ -110,24 +110,40 @@ def _time_block_shared(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> B
     """time_block through the content-keyed caches (comet/replay/cache.py): op durations once per
     (block, what the cost models read of the cluster, precision), the event replay once per (block,
     durations)."""
+    # perf: look-ups, then one computation and one insert per miss, no closures; the durations are a
+    # cache.Signature (hash computed once), so the replay key hashes three cached hashes, not 55 floats
     sig = cache.block_signature(g)
+    key = (sig, cache.timing_key(cluster), precision)
+    dur = cache.durations.get(key)
+    if dur is None:
+        dur = cache.Signature(_durations(sig, cluster, precision))
+        cache.durations.add(key, dur)
+    key = (sig, dur, cluster.efficiency.overlap_slowdown)
+    timing = cache.replays.get(key)
+    if timing is None:   # shared between candidates: read-only from here on
+        timing = _replayed(g, sig, dur.value, key[2])
+        cache.replays.add(key, timing)
+    return timing
+
+
+def _durations(sig, cluster: ClusterSpec, precision: str) -> tuple:
+    """Every op's duration in node order. Kernel and copy times read only the GPU side of the cluster:
+    clusters that differ in the network share them (None in that entry where an op is a transfer
+    timed by the network-keyed cache, replay/timing.py)."""
     ops = sig.value[0]
-
-    def on_gpu() -> tuple:
-        return tuple(None if op.duration_s is None and op.kind in _NETWORK_KINDS else float(timed_s(op, cluster, precision))
-                     for _, op in ops)
-
-    def durations() -> tuple:
-        # perf: kernel and copy times read only the GPU side of the cluster: clusters that differ in
-        # the network share them; communication comes from the network-keyed cache (timing.py)
-        local = cache.durations.get_or((sig, "on GPU", cache.compute_key(cluster), precision), on_gpu)
-        return tuple(float(timed_s(op, cluster, precision)) if d is None else d for d, (_, op) in zip(local, ops))
-
-    dur = cache.durations.get_or((sig, cache.timing_key(cluster), precision), durations)
-    slowdown = cluster.efficiency.overlap_slowdown
-
-    # shared between candidates: read-only from here on
-    return cache.replays.get_or((sig, dur, slowdown), lambda: _replayed(g, sig, dur, slowdown))
+    key = (sig, "on GPU", cache.compute_key(cluster), precision)
+    local = cache.durations.get(key)
+    if local is not None:
+        return tuple([float(timed_s(op, cluster, precision)) if d is None else d for d, (_, op) in zip(local, ops)])
+    # perf: one pass computes both entries on a miss; timed_s written out (one call less an op)
+    local, every = [], []
+    for _, op in ops:
+        measured = op.duration_s
+        d = float(op_time_s(op, cluster, precision) if measured is None else measured)
+        every.append(d)
+        local.append(None if measured is None and op.kind in _NETWORK_KINDS else d)
+    cache.durations.add(key, tuple(local))
+    return tuple(every)
 
 
 def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float) -> BlockTiming:
@@ -136,7 +152,12 @@ def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float) -> BlockTiming:
     if not block_kernel.HAVE_NUMBA:
         rep = replay(cache.compiled.get_or(sig, lambda: compile_graph(g)), list(dur), overlap_slowdown=slowdown)
         return BlockTiming(rep.makespan, exposure_parts(rep))
-    structure, delay = cache.compiled.get_or((sig, "packed"), lambda: block_kernel.pack_graph(g))
+    key = (sig, "packed")
+    packed = cache.compiled.get(key)
+    if packed is None:
+        packed = block_kernel.pack_graph(g)
+        cache.compiled.add(key, packed)
+    structure, delay = packed
     done, makespan, *parts = block_kernel.replay_summary(structure, delay, np.array(dur, dtype=np.float64),
                                                          slowdown).tolist()
     if done != len(dur):   # a deadlock: the Python engine names the ops that never ran

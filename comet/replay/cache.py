@@ -26,7 +26,7 @@ from dataclasses import replace
 from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable
 
-from comet.graph.block import content as block_content
+from comet.graph.block import content as block_content, content_hash
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
 _BLOCK_ENTRIES = 4096
@@ -67,6 +67,14 @@ class LRU:
             self.hits += 1
             self._d.move_to_end(key)
         return value
+
+    def add(self, key: Hashable, value: Any) -> None:
+        """Insert the value of a key that get() just missed (perf: no move_to_end, one eviction)."""
+        if enabled:
+            d = self._d
+            d[key] = value
+            if len(d) > self.size:
+                d.popitem(last=False)
 
     def put(self, key: Hashable, value: Any) -> None:
         if enabled:
@@ -139,12 +147,14 @@ _cluster_keys: dict[int, tuple[Any, dict]] = {}
 
 
 class Signature:
-    """A hashable value with its hash computed once (a block's content is a few hundred fields)."""
+    """A hashable value with its hash computed once (a block's content is a few hundred fields).
+    `hash_value`: the value's hash when the caller has a cheaper one than hash(value); every
+    Signature of one kind of value must be hashed the same way (equal values, equal hashes)."""
     __slots__ = ("value", "_hash")
 
-    def __init__(self, value: tuple):
+    def __init__(self, value: tuple, hash_value: int | None = None):
         self.value = value
-        self._hash = hash(value)
+        self._hash = hash(value) if hash_value is None else hash_value
 
     def __hash__(self) -> int:
         return self._hash
@@ -159,10 +169,15 @@ def block_signature(g) -> Signature:
     order, edges with their data. Computed once per graph object (blocks are not modified once built)."""
     sig = _signatures.get(g)
     if sig is None:
-        sig = Signature(block_content(g))
+        value = block_content(g)
+        sig = Signature(value, content_hash([op for _, op in value[0]], len(value[1])))
         # perf: equal blocks of different graphs share one Signature object, so cache look-ups compare
         # identities, not every op
-        sig = _interned.get_or(sig, lambda: sig)
+        canonical = _interned.get(sig)
+        if canonical is None:
+            _interned.add(sig, sig)
+        else:
+            sig = canonical
         _signatures[g] = sig
     return sig
 

@@ -83,3 +83,26 @@ def test_equal_ops_hash_alike(blocks):
         for twin in twins:
             assert twin == op and hash(twin) == hash(op)
         assert op.with_(peer=7) != op and op.with_(dtype_bytes=op.dtype_bytes + 1) != op
+
+
+def test_a_block_and_the_graph_it_becomes_share_one_signature(blocks):
+    """cache.block_signature hashes a block's ops and edge count (graph/block.content_hash): the lists
+    of a Block and the DiGraph built from them give equal signatures with equal hashes, and a changed
+    op gives a different one."""
+    from comet.replay import cache
+    from comet.graph.block import content_hash
+    for key, b in blocks.items():
+        cache.clear()
+        sig = cache.block_signature(b)
+        twin = b.copy()                                  # a plain DiGraph of the same content
+        cache._interned.clear()                          # no interning: compared by value
+        other = cache.block_signature(twin)
+        assert other is not sig and other == sig and hash(other) == hash(sig), key
+        ops, edges = sig.value[0], sig.value[1]
+        assert hash(sig) == content_hash([op for _, op in ops], len(edges))
+        if ops:
+            changed = b.copy()
+            first = changed.nodes[0]["op"]
+            changed.nodes[0]["op"] = dataclasses.replace(first, flops=first.flops + 1.0)
+            assert cache.block_signature(changed) != sig, key
+    cache.clear()
