@@ -83,6 +83,10 @@ class Dims:
 _last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dims) of the last Dims.of
 
 
+# perf: the builder's ops without Op.__init__'s check of field names (literals here; tested)
+_op = Op.unchecked
+
+
 class BlockBuilder:
     """Appends ops to one block graph; ops on the same stream run in insertion order."""
 
@@ -111,7 +115,7 @@ class BlockBuilder:
         fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
         if fp8 and not cast_done:
             after = self._fp8_casts(name, m, n, k, after)
-        return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
+        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
                             flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
                             phase=self.phase), after)
 
@@ -156,11 +160,11 @@ class BlockBuilder:
         return self.fp8 and self.par.fp8_impl == "te" and not name.startswith("logits")
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
-        return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
+        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
                             phase=self.phase), after)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
-        return self._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
+        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
                             variant="" if self.par.attention_kernel == "fused" else self.par.attention_kernel,
                             phase=self.phase), after)
 
@@ -168,17 +172,17 @@ class BlockBuilder:
                    flat_ring: bool = False) -> int:
         size, stride, stream = group_geometry(group, self.par)
         # perf: Enum._value_ is the member's value (.value is a Python-level property, ~0.3 us a read)
-        return self._add(Op(name, OpKind.COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
+        return self._add(_op(name, OpKind.COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
                             group=group._value_, group_kind=group, group_size=size, group_stride=stride,
                             flat_ring=flat_ring, phase=self.phase), after)
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
         size, stride, stream = group_geometry(group, self.par)
-        return self._add(Op(name, OpKind.SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
+        return self._add(_op(name, OpKind.SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
                             group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after)
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
-        return self._add(Op(name, OpKind.MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
+        return self._add(_op(name, OpKind.MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
                          after)
 
     def done(self) -> nx.DiGraph:

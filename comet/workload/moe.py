@@ -70,7 +70,7 @@ def _grouped_gemm(bb: BlockBuilder, name: str, m: float, n: int, k: float, exper
     fp8 = bb.par.precision is Precision.FP8
     if fp8 and not name.endswith(".wgrad"):   # TE GroupedLinear: fused multi cast + transpose, as BlockBuilder.gemm
         deps = [bb.memory(f"{name}.fp8_cast_transpose", m_i * k_i * experts * (ACT_BYTES + 2 * FP8_BYTES), deps)]
-    return bb._add(Op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m_i, n, k_i, experts),
+    return bb._add(Op.unchecked(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m_i, n, k_i, experts),
                       flops=2.0 * m_i * n * k_i * experts, dtype_bytes=1 if fp8 else 2, phase=bb.phase), deps)
 
 

@@ -93,3 +93,46 @@ def test_zero3_layer_collectives_carry_the_dp_collective_mode(gpt3_175b, mode):
               if op.is_comm and op.group_kind is GroupKind.DP]
     assert {op.name for op in dp_ops} == {"zero3.all_gather_params", "zero3.reduce_scatter_grads"}
     assert all(op.flat_ring is (mode == "flat") for op in dp_ops)
+
+
+def _builder_layouts(model):
+    """Layouts that reach every builder path: TP with and without SP and comm overlap, CP, ZeRO-3,
+    recompute, FP8 (TE and torchao), activation offload, expert parallelism on MoE models."""
+    from comet.config.parallel import OffloadTarget, Precision
+    from comet.errors import ConfigError
+    moe = model.moe is not None
+    for tp, sp, cp, zero, recompute, extra in (
+            (1, False, 1, 1, Recompute.NONE, {}),
+            (8, True, 1, 3, Recompute.FULL, {"overlap_tp_comm": True}),
+            (4, False, 2, 1, Recompute.SELECTIVE, {"precision": Precision.FP8}),
+            (2, True, 4, 3, Recompute.NONE, {"precision": Precision.FP8, "fp8_impl": "torchao"}),
+            (2, True, 1, 1, Recompute.NONE, {"offload": (OffloadTarget.ACTIVATIONS,)})):
+        try:
+            yield ParallelConfig(tp=tp, cp=cp, sequence_parallel=sp if tp > 1 else False, gpus=tp * cp * 4,
+                                 micro_batch=1, global_batch=4, recompute=recompute, zero=zero,
+                                 ep=2 if moe else 1, **extra).resolve(model)
+        except ConfigError:
+            continue
+
+
+def test_every_op_the_builders_emit_is_a_checked_op():
+    """The block builders construct ops without Op.__init__'s check of field names (Op.unchecked):
+    every op they emit, on every shipped model, has only Op's fields and equals the op Op(...)
+    builds from them."""
+    from pathlib import Path
+    from comet.config.model import load_model
+    from comet.graph.block import block_ops
+    from comet.graph.ir import Op
+    from comet.workload.builder import build_blocks
+    fields = set(Op.__dataclass_fields__)
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
+    seen = 0
+    for name in names:
+        model = load_model(name)
+        for par in _builder_layouts(model):
+            for key, g in build_blocks(model, par).items():
+                for op in block_ops(g):
+                    assert set(vars(op)) <= fields, (name, key, op.name, set(vars(op)) - fields)
+                    assert Op(**vars(op)) == op
+                    seen += 1
+    assert seen > 1000
