@@ -51,7 +51,7 @@ def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
     exposed = 1.0
     if par.overlap_p2p_comm and par.vpp > 1:
         exposed = min(1.0, (par.pp - 1) / (par.num_microbatches * par.vpp))
-    return PipelinePlan(pp=par.pp, vpp=par.vpp, num_microbatches=par.num_microbatches, schedule=par.schedule.value,
+    return PipelinePlan(pp=par.pp, vpp=par.vpp, num_microbatches=par.num_microbatches, schedule=par.schedule._value_,
                         chunk_layers=chunk_layers, p2p_bytes=float(tokens * model.hidden * ACT_BYTES),
                         p2p_group_stride=par.tp * par.cp * par.dp, recompute_layers=recompute,
                         p2p_exposed=exposed,
@@ -61,7 +61,7 @@ def build_plan(model: ModelSpec, par: ParallelConfig) -> PipelinePlan:
 def _dp_op(name: str, kind: Collective, nbytes: float, par: ParallelConfig, phase: Phase,
            group: GroupKind = GroupKind.DP) -> Op:
     size, stride, _ = group_geometry(group, par)
-    return Op(name, OpKind.COLLECTIVE, stream=DP_STREAM, collective=kind, msg_bytes=nbytes, group=group.value,
+    return Op(name, OpKind.COLLECTIVE, stream=DP_STREAM, collective=kind, msg_bytes=nbytes, group=group._value_,
               group_kind=group, group_size=size, group_stride=stride, phase=phase)
 
 
@@ -76,7 +76,7 @@ def _bucket_sets(params: float, par: ParallelConfig, group: GroupKind, dp_size: 
     chunk_p = params / par.vpp
     n = max(1, math.ceil(chunk_p / bucket_params(par)))
     for c in range(par.vpp):
-        grad = _dp_op(f"{what}.grad_{kind.value}[chunk {c}]", kind, chunk_p / n * par.grad_reduce_bytes, par,
+        grad = _dp_op(f"{what}.grad_{kind._value_}[chunk {c}]", kind, chunk_p / n * par.grad_reduce_bytes, par,
                       Phase.BACKWARD, group)
         buckets.append(BucketSet(grad, c, n, progressive=par.overlap_grad_reduce))
         if par.zero >= 1:
