@@ -99,7 +99,11 @@ def content(g) -> tuple:
     if lists is None:
         return (tuple(g.nodes(data="op")),
                 tuple((u, v, tuple(sorted(d.items()))) for u, v, d in g.edges(data=True)))
-    ops, edges = lists
+    return lists_content(*lists)
+
+
+def lists_content(ops: list[Op], edges: list[tuple[int, int, str]]) -> tuple:
+    """content() of a Block from its lists (`block_lists`)."""
     # perf: the edge data tuples are shared constants, not two new tuples per edge
     data = _EDGE_DATA
     return tuple(enumerate(ops)), tuple([(u, v, data.get(dep) or (("dep", dep),)) for u, v, dep in edges])

@@ -130,14 +130,14 @@ def _durations(sig, cluster: ClusterSpec, precision: str) -> tuple:
     """Every op's duration in node order. Kernel and copy times read only the GPU side of the cluster:
     clusters that differ in the network share them (None in that entry where an op is a transfer
     timed by the network-keyed cache, replay/timing.py)."""
-    ops = sig.value[0]
+    ops = sig.ops
     key = (sig, "on GPU", cache.compute_key(cluster), precision)
     local = cache.durations.get(key)
     if local is not None:
-        return tuple([float(timed_s(op, cluster, precision)) if d is None else d for d, (_, op) in zip(local, ops)])
+        return tuple([float(timed_s(op, cluster, precision)) if d is None else d for d, op in zip(local, ops)])
     # perf: one pass computes both entries on a miss; timed_s written out (one call less an op)
     local, every = [], []
-    for _, op in ops:
+    for op in ops:
         measured = op.duration_s
         d = float(op_time_s(op, cluster, precision) if measured is None else measured)
         every.append(d)

@@ -94,6 +94,10 @@ def test_a_block_and_the_graph_it_becomes_share_one_signature(blocks):
     for key, b in blocks.items():
         cache.clear()
         sig = cache.block_signature(b)
+        # an equal Block built apart (a pickled copy) is interned to the same signature, its content
+        # compared with the first's (both built lazily)
+        assert cache.block_signature(pickle.loads(pickle.dumps(b))) is sig, key
+        assert sig.ops == block_ops(b) and sig.value == content(b), key
         twin = b.copy()                                  # a plain DiGraph of the same content
         cache._interned.clear()                          # no interning: compared by value
         other = cache.block_signature(twin)
