@@ -50,25 +50,6 @@ def task_at(interleaved: bool, pp: int, vpp: int, total: int, w: int, j: int):
 
 
 @njit(cache=True, nogil=True)
-def shared_prefix(interleaved: bool, pp: int, vpp: int, m_a: int, warm_a: np.ndarray, m_b: int,
-                  warm_b: np.ndarray) -> np.ndarray:
-    """Per stage, how many first tasks the schedules of m_a and m_b micro-batches have in common (the
-    same (phase, chunk, micro-batch) at the same position)."""
-    out = np.empty(pp, dtype=np.int64)
-    n = 2 * min(m_a, m_b) * vpp
-    for s in range(pp):
-        j = 0
-        while j < n:
-            fa, ca, ba = task_at(interleaved, pp, vpp, m_a * vpp, warm_a[s], j)
-            fb, cb, bb = task_at(interleaved, pp, vpp, m_b * vpp, warm_b[s], j)
-            if fa != fb or ca != cb or ba != bb:
-                break
-            j += 1
-        out[s] = j
-    return out
-
-
-@njit(cache=True, nogil=True)
 def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: np.ndarray):
     """End time of every task, and whether every task could be scheduled (False: a dependency cycle).
     src[i] = global index of the task i waits for on another stage (n: none); stage s owns
@@ -281,44 +262,41 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     """pipeline_summary over the visit order it recorded for this shape: one pass, no schedule logic. The
     same arithmetic per task as pipeline_summary, and each stage's tasks in the same order, so the
     results are equal bit for bit. dur[(stage * 2 + phase) * vpp + chunk]: task durations;
-    f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1."""
-    none = np.empty(0, dtype=np.int64)
-    return replay_from(code, pp, vpp, dur, f_release, end, np.zeros(pp), np.zeros(pp), np.zeros(pp), none, none)[:4]
+    f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1 + pp.
+    Returns (compute_end, last_b_start (pp, vpp), bubble, gather_wait)."""
+    prev, bubble, gather_wait = np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    last_b_start = np.zeros(pp * vpp)
+    replay_window(code, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
+    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
 
 
 @njit(cache=True, nogil=True)
-def replay_from(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
-                prev0: np.ndarray, bubble0: np.ndarray, gather_wait0: np.ndarray, cut_at: np.ndarray,
-                cut_stage: np.ndarray):
-    """replay_in_order from a state: each stage's clock and idle sums start at prev0 / bubble0 /
-    gather_wait0 (the tasks before `code` already replayed; zeros: none), and end[len(code) + 1 + s]
-    holds the end of stage s's last replayed task (prefix.remainder_order points there). Right after the
-    task at visit position cut_at[j] (increasing), the clock and sums of its stage cut_stage[j] are
-    recorded: the state a longer schedule of this shape continues from (prefix.py). Returns
-    (compute_end, last_b_start, bubble, gather_wait) and the recorded (clock, bubble, gather_wait, count)."""
+def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
+                  prev: np.ndarray, bubble: np.ndarray, gather_wait: np.ndarray, last_b_start: np.ndarray) -> None:
+    """Replay the tasks of a visit order (a window of split_windows', or a whole schedule's) from a state, in place:
+    each stage's clock prev[s] and idle sums bubble[s] / gather_wait[s] advance over its tasks, and a
+    chunk's last backward writes its start to last_b_start[stage * vpp + chunk]. A task waiting on the
+    task before the window on stage t reads end[len(code) + 1 + t], set here to prev[t] on entry (that
+    task's end). end: scratch of at least len(code) + 1 + pp."""
     n = code.shape[0]
-    prev = prev0.copy()
-    last_b_start = np.zeros(pp * vpp)
-    bubble = bubble0.copy()
-    gather_wait = gather_wait0.copy()
-    snap_prev, snap_bubble, snap_gw = np.zeros(pp), np.zeros(pp), np.zeros(pp)
     end[n] = 0.0                                           # "no dependency"
+    for s in range(pp):
+        end[n + 1 + s] = prev[s]
     # perf: a kind's stage and (stage, chunk) from tables, not integer divisions per task
     stage_of = np.empty(pp * 2 * vpp, dtype=np.int64)
     chunk_of = np.empty(pp * 2 * vpp, dtype=np.int64)
     for kind in range(pp * 2 * vpp):
         stage_of[kind] = kind // (2 * vpp)
         chunk_of[kind] = stage_of[kind] * vpp + kind % vpp
-    cuts = cut_at.shape[0]
-    j = 0
-    nxt = cut_at[0] if cuts > 0 else -1
+    if n == 0:
+        return
     # perf: the current stage's clock and idle sums live in registers while the visit order stays on
     # that stage (a store and reload per task lengthened the dependency chain ~10%); the same additions
     # in the same order, so the sums are equal bit for bit
-    cur = 0
-    p = prev[0]
-    bub = bubble[0]
-    gw = gather_wait[0]
+    cur = stage_of[code[0] >> 34]
+    p = prev[cur]
+    bub = bubble[cur]
+    gw = gather_wait[cur]
     for i in range(n):
         x = code[i]
         kind = x >> 34
@@ -346,79 +324,146 @@ def replay_from(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release:
                 last_b_start[chunk_of[kind]] = start
         p = start + dur[kind]
         end[i] = p
-        if i == nxt:
-            c = cut_stage[j]
-            snap_prev[c], snap_bubble[c], snap_gw[c] = p, bub, gw
-            j += 1
-            nxt = cut_at[j] if j < cuts else -1
     prev[cur], bubble[cur], gather_wait[cur] = p, bub, gw
-    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait, snap_prev, snap_bubble, snap_gw, j
 
 
 @njit(cache=True, nogil=True)
-def remainder_order(code: np.ndarray, pp: int, vpp: int, cut: np.ndarray):
-    """The visit order `code` (a pipeline shape's, as recorded by pipeline_summary) without the first
-    cut[s] tasks of each stage s (replayed already, by a shorter schedule of the same shape), for
-    replay_from. A kept task waiting on a dropped one reads end[n_kept + 1 + its stage]: valid only for
-    the last dropped task of that stage. Returns (order, ok): ok is False where a dropped task waits on
-    a kept one or a kept one on another dropped task (the prefix is not closed: no continuation)."""
+def split_windows(code: np.ndarray, pp: int, vpp: int, bounds: np.ndarray):
+    """A visit order (pipeline_summary's, of a whole schedule) cut into windows: window w holds each
+    stage s's tasks at positions bounds[w, s] <= j < bounds[w + 1, s] (bounds[0] = 0, bounds[-1] = the
+    tasks per stage), each in visit order with its own positions, concatenated (offsets), for
+    replay_window from the state the windows before it left. A task waiting on a task of an earlier
+    window reads end[len(window) + 1 + that task's stage] (the clock before the window): valid only for
+    that stage's last task before the window. Returns (the windows' codes, offsets, the count of each
+    flag in each window (windows, 4), ok): ok is False where a window does not continue from the clocks
+    alone (a task waits on a later window's task, or on an earlier window's task that is not its
+    stage's last there)."""
     n = code.shape[0]
+    windows = bounds.shape[0] - 1
     mask = np.int64(0xFFFFFFFF)
+    stage_of = np.arange(pp * 2 * vpp) // (2 * vpp)       # perf: a table, not a division per task
     pos = np.empty(n, dtype=np.int64)
     stage = np.empty(n, dtype=np.int64)
-    new = np.empty(n, dtype=np.int64)
+    win = np.empty(n, dtype=np.int64)
     count = np.zeros(pp, dtype=np.int64)
-    k = 0
+    cur = np.zeros(pp, dtype=np.int64)                     # each stage's current window
+    nxt = bounds[1].copy()                                 # ... and where it ends
+    size = np.zeros(windows + 1, dtype=np.int64)
     for i in range(n):
-        s = (code[i] >> 34) // (2 * vpp)
+        s = stage_of[code[i] >> 34]
+        j = count[s]
         stage[i] = s
-        pos[i] = count[s]
-        count[s] += 1
-        if pos[i] >= cut[s]:
-            new[i] = k
-            k += 1
-        else:
-            new[i] = -1
-    out = np.empty(k, dtype=np.int64)
+        pos[i] = j
+        count[s] = j + 1
+        if j >= nxt[s]:
+            w = cur[s]
+            while w < windows - 1 and j >= bounds[w + 1, s]:
+                w += 1
+            cur[s] = w
+            nxt[s] = bounds[w + 1, s]
+        win[i] = cur[s]
+        size[cur[s] + 1] += 1
+    offsets = np.cumsum(size)
+    out = np.empty(n, dtype=np.int64)
+    flags = np.zeros((windows, 4), dtype=np.int64)
+    new = np.empty(n, dtype=np.int64)
+    fill = offsets[:windows].copy()
     for i in range(n):
+        w = win[i]
         src = code[i] & mask
-        if new[i] < 0:                                     # a dropped (prefix) task
-            if src != n and new[src] >= 0:
-                return out, False
-            continue
+        k = offsets[w + 1] - offsets[w]
+        new[i] = fill[w] - offsets[w]
         if src == n:
             ns = k
-        elif new[src] >= 0:
+        elif win[src] == w:
             ns = new[src]
         else:
             t = stage[src]
-            if pos[src] != cut[t] - 1:
-                return out, False
+            if win[src] > w or pos[src] != bounds[w, t] - 1:
+                return out, offsets, flags, False
             ns = k + 1 + t
-        out[new[i]] = (code[i] & ~mask) | ns
-    return out, True
+        flags[w, (code[i] >> 32) & 3] += 1
+        out[fill[w]] = (code[i] & ~mask) | ns
+        fill[w] += 1
+    return out, offsets, flags, True
 
 
 @njit(cache=True, nogil=True)
-def cut_visits(code: np.ndarray, pp: int, vpp: int, first: np.ndarray, cut: np.ndarray):
-    """Visit positions (increasing) of each stage's task at position cut[s] - 1 in its stage, the
-    order's tasks of stage s starting at position first[s], and their stages: where replay_from
-    records the state a longer schedule continues from. Empty where a stage has no such task."""
-    count = first.copy()
-    at = np.empty(pp, dtype=np.int64)
-    stage = np.empty(pp, dtype=np.int64)
-    stage_of = np.arange(pp * 2 * vpp) // (2 * vpp)       # perf: a table, not a division per task
-    k = 0
-    for i in range(code.shape[0]):
-        s = stage_of[code[i] >> 34]
-        if count[s] == cut[s] - 1:
-            at[k] = i
-            stage[k] = s
-            k += 1
-        count[s] += 1
-    if k != pp:
-        return at[:0], stage[:0]
-    return at, stage
+def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
+    """Whether two windows of split_windows are the same subgraph, whatever order they were visited in:
+    per stage, the same kinds and flags at the same positions, each waiting on the same (stage,
+    position) in its window or on the same stage's clock before it."""
+    n = a.shape[0]
+    if b.shape[0] != n:
+        return False
+    mask = np.int64(0xFFFFFFFF)
+    keys = np.empty((2, n, 3), dtype=np.int64)            # (stage, position) -> (kind | flags, src stage, src position)
+    for w in range(2):
+        x = a if w == 0 else b
+        count = np.zeros(pp, dtype=np.int64)
+        stage = np.empty(n, dtype=np.int64)
+        pos = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            s = (x[i] >> 34) // (2 * vpp)
+            stage[i] = s
+            pos[i] = count[s]
+            count[s] += 1
+        first = np.zeros(pp + 1, dtype=np.int64)
+        for s in range(pp):
+            first[s + 1] = first[s] + count[s]
+        for i in range(n):
+            src = x[i] & mask
+            slot = first[stage[i]] + pos[i]
+            keys[w, slot, 0] = x[i] >> 32
+            if src < n:
+                keys[w, slot, 1], keys[w, slot, 2] = stage[src], pos[src]
+            elif src == n:
+                keys[w, slot, 1], keys[w, slot, 2] = -1, -1
+            else:
+                keys[w, slot, 1], keys[w, slot, 2] = src - n - 1, -2
+    for i in range(n):
+        for c in range(3):
+            if keys[0, i, c] != keys[1, i, c]:
+                return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def periodic_transient(warm: np.ndarray, period: np.ndarray, pp: int, vpp: int, dur: np.ndarray,
+                       f_release: np.ndarray, end: np.ndarray, max_periods: int, tol_ulps: float,
+                       max_span: float):
+    """The task level's state (each stage's clock, bubble, gather wait) after the `warm` window and then
+    up to max_periods replays of the one-period window `period`, stopping after the first period that
+    advances every stage's clock by the same amount (within tol_ulps ulps of the largest clock, and the
+    clocks within max_span periods of that amount: periodic.py says why this bounds the error). Returns
+    (clock, bubble, gather_wait, the period's clock increment, its per-stage bubble, periods replayed,
+    whether the increment was uniform)."""
+    prev, bubble, gather_wait = np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    last_b_start = np.zeros(pp * vpp)
+    replay_window(warm, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
+    before = np.empty(pp)
+    step_bubble, step_wait = np.zeros(pp), np.zeros(pp)
+    for k in range(max_periods):
+        before[:] = prev
+        step_bubble[:] = 0.0
+        step_wait[:] = 0.0
+        # a period's idle sums start from zero: its per-period bubble is exact, not a difference of sums
+        replay_window(period, pp, vpp, dur, f_release, end, prev, step_bubble, step_wait, last_b_start)
+        top = 0.0
+        for s in range(pp):
+            bubble[s] += step_bubble[s]
+            gather_wait[s] += step_wait[s]
+            if abs(prev[s]) > top:
+                top = abs(prev[s])
+        lam = prev[0] - before[0]
+        uniform = lam > 0.0 and top <= max_span * lam
+        tol = tol_ulps * 2.220446049250313e-16 * top
+        for s in range(pp):
+            if abs((prev[s] - before[s]) - lam) > tol or step_wait[s] != 0.0:
+                uniform = False
+        if uniform:
+            return prev, bubble, gather_wait, lam, step_bubble, k + 1, True
+    return prev, bubble, gather_wait, 0.0, step_bubble, max_periods, False
 
 
 @njit(inline="always")
