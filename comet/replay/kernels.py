@@ -273,7 +273,7 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
 @njit(cache=True, nogil=True)
 def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
                   prev: np.ndarray, bubble: np.ndarray, gather_wait: np.ndarray, last_b_start: np.ndarray) -> None:
-    """Replay the tasks of a visit order (a window of split_windows', or a whole schedule's) from a state, in place:
+    """Replay the tasks of a visit order (a window of position_windows', or a whole schedule's) from a state, in place:
     each stage's clock prev[s] and idle sums bubble[s] / gather_wait[s] advance over its tasks, and a
     chunk's last backward writes its start to last_b_start[stage * vpp + chunk]. A task waiting on the
     task before the window on stage t reads end[len(code) + 1 + t], set here to prev[t] on entry (that
@@ -327,70 +327,106 @@ def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_releas
     prev[cur], bubble[cur], gather_wait[cur] = p, bub, gw
 
 
+@njit(inline="always")
+def task_position(interleaved: bool, pp: int, vpp: int, total: int, w: int, fwd: bool, c: int, b: int) -> int:
+    """The position in its stage of the task (forward?, chunk, micro-batch): task_at's inverse."""
+    index = b
+    if interleaved:
+        in_chunk = c if fwd else vpp - 1 - c
+        index = (b // pp) * pp * vpp + in_chunk * pp + b % pp
+    if fwd:
+        return index if index < w else 2 * index - w
+    j = w + 2 * index + 1
+    return j if j < 2 * total - w else index + total
+
+
 @njit(cache=True, nogil=True)
-def split_windows(code: np.ndarray, pp: int, vpp: int, bounds: np.ndarray):
-    """A visit order (pipeline_summary's, of a whole schedule) cut into windows: window w holds each
-    stage s's tasks at positions bounds[w, s] <= j < bounds[w + 1, s] (bounds[0] = 0, bounds[-1] = the
-    tasks per stage), each in visit order with its own positions, concatenated (offsets), for
-    replay_window from the state the windows before it left. A task waiting on a task of an earlier
-    window reads end[len(window) + 1 + that task's stage] (the clock before the window): valid only for
-    that stage's last task before the window. Returns (the windows' codes, offsets, the count of each
-    flag in each window (windows, 4), ok): ok is False where a window does not continue from the clocks
-    alone (a task waits on a later window's task, or on an earlier window's task that is not its
-    stage's last there)."""
-    n = code.shape[0]
+def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, bounds: np.ndarray):
+    """Visit orders of a schedule's tasks without a sweep: by position in their stage, at a position the
+    forwards down the stages then the backwards up. In 1F1B and GPipe a forward's input (the previous
+    stage's forward of its micro-batch) sits at the same or an earlier position and a backward's (the
+    next stage's) too, so this order is topological; it is checked task by task (ok False otherwise:
+    interleaved schedules, whose inputs wrap from the last stage to the first, may fail it).
+
+    The codes come cut into windows: window w holds each stage s's tasks at positions bounds[w, s] <= j
+    < bounds[w + 1, s] (bounds[0] = 0, bounds[-1] = 2 m vpp), in that order with their own positions,
+    concatenated (offsets), for replay_window from the clocks the windows before it left: a task
+    waiting on a task of an earlier window reads end[len(window) + 1 + that task's stage], valid only
+    for that stage's last task before the window (ok False otherwise, or where a task waits on a later
+    window). Returns (codes, offsets, the count of each flag in each window (windows, 4), ok)."""
+    per = 2 * m * vpp
+    total = m * vpp
     windows = bounds.shape[0] - 1
-    mask = np.int64(0xFFFFFFFF)
-    stage_of = np.arange(pp * 2 * vpp) // (2 * vpp)       # perf: a table, not a division per task
-    pos = np.empty(n, dtype=np.int64)
-    stage = np.empty(n, dtype=np.int64)
-    win = np.empty(n, dtype=np.int64)
-    count = np.zeros(pp, dtype=np.int64)
-    cur = np.zeros(pp, dtype=np.int64)                     # each stage's current window
-    nxt = bounds[1].copy()                                 # ... and where it ends
-    size = np.zeros(windows + 1, dtype=np.int64)
-    for i in range(n):
-        s = stage_of[code[i] >> 34]
-        j = count[s]
-        stage[i] = s
-        pos[i] = j
-        count[s] = j + 1
-        if j >= nxt[s]:
-            w = cur[s]
-            while w < windows - 1 and j >= bounds[w + 1, s]:
-                w += 1
-            cur[s] = w
-            nxt[s] = bounds[w + 1, s]
-        win[i] = cur[s]
-        size[cur[s] + 1] += 1
-    offsets = np.cumsum(size)
-    out = np.empty(n, dtype=np.int64)
-    flags = np.zeros((windows, 4), dtype=np.int64)
-    new = np.empty(n, dtype=np.int64)
+    # (position, stage) -> the task's index in its window (perf: position-major, so the inputs of the
+    # tasks at one position are a few cache lines, not one per stage)
+    place = np.full(per * pp, -1, dtype=np.int64)
+    offsets = np.zeros(windows + 1, dtype=np.int64)
+    for w in range(windows):
+        offsets[w + 1] = offsets[w]
+        for s in range(pp):
+            offsets[w + 1] += bounds[w + 1, s] - bounds[w, s]
+    code = np.empty(offsets[windows], dtype=np.int64)
+    flags = np.zeros((max(windows, 1), 4), dtype=np.int64)
     fill = offsets[:windows].copy()
-    for i in range(n):
-        w = win[i]
-        src = code[i] & mask
-        k = offsets[w + 1] - offsets[w]
-        new[i] = fill[w] - offsets[w]
-        if src == n:
-            ns = k
-        elif win[src] == w:
-            ns = new[src]
-        else:
-            t = stage[src]
-            if win[src] > w or pos[src] != bounds[w, t] - 1:
-                return out, offsets, flags, False
-            ns = k + 1 + t
-        flags[w, (code[i] >> 32) & 3] += 1
-        out[fill[w]] = (code[i] & ~mask) | ns
-        fill[w] += 1
-    return out, offsets, flags, True
+    cur_w = np.zeros(pp, dtype=np.int64)                   # each stage's current window
+    # the tasks at the current position: forwards in stage order from the front, backwards in reverse
+    # stage order from the back
+    todo = np.empty(pp, dtype=np.int64)
+    chunks = np.empty(pp, dtype=np.int64)
+    mbs = np.empty(pp, dtype=np.int64)
+    for j in range(per):
+        nf = 0
+        nb = pp
+        for s in range(pp):
+            fwd, c, b = task_at(interleaved, pp, vpp, total, warm[s], j)
+            chunks[s], mbs[s] = c, b
+            if fwd:
+                todo[nf] = s
+                nf += 1
+            else:
+                nb -= 1
+                todo[nb] = s
+        for k in range(pp):
+            s = todo[k]
+            fwd = k < nf
+            c, b = chunks[s], mbs[s]
+            ph = 0 if fwd else 1
+            cw = cur_w[s]
+            while cw < windows - 1 and j >= bounds[cw + 1, s]:
+                cw += 1
+            cur_w[s] = cw
+            size = offsets[cw + 1] - offsets[cw]
+            ns = size                                      # "no dependency"
+            # the previous virtual stage (forward) or the next one (backward): vs = chunk * pp + stage
+            if fwd:
+                ss, cc = (s - 1, c) if s > 0 else (pp - 1, c - 1)
+            else:
+                ss, cc = (s + 1, c) if s < pp - 1 else (0, c + 1)
+            if cc >= 0 and cc < vpp:
+                js = task_position(interleaved, pp, vpp, total, warm[ss], fwd, cc, b)
+                src = place[js * pp + ss]
+                if src < 0 or js >= bounds[cw + 1, ss]:
+                    return code, offsets, flags, False     # its input comes later: not topological
+                if js < bounds[cw, ss]:                    # an earlier window's: its stage's last there
+                    if js != bounds[cw, ss] - 1:
+                        return code, offsets, flags, False
+                    src = size + 1 + ss
+                ns = src
+            flag = 0
+            if fwd and b == 0:
+                flag = FIRST_FORWARD
+            elif not fwd and b == m - 1:
+                flag = LAST_BACKWARD
+            place[j * pp + s] = fill[cw] - offsets[cw]
+            code[fill[cw]] = ns | (flag << 32) | (((s * 2 + ph) * vpp + c) << 34)
+            fill[cw] += 1
+            flags[cw, flag] += 1
+    return code, offsets, flags, True
 
 
 @njit(cache=True, nogil=True)
 def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
-    """Whether two windows of split_windows are the same subgraph, whatever order they were visited in:
+    """Whether two windows of position_windows are the same subgraph, whatever order they were visited in:
     per stage, the same kinds and flags at the same positions, each waiting on the same (stage,
     position) in its window or on the same stage's clock before it."""
     n = a.shape[0]
@@ -432,17 +468,18 @@ def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
 def periodic_transient(warm: np.ndarray, period: np.ndarray, pp: int, vpp: int, dur: np.ndarray,
                        f_release: np.ndarray, end: np.ndarray, max_periods: int, tol_ulps: float,
                        max_span: float):
-    """The task level's state (each stage's clock, bubble, gather wait) after the `warm` window and then
-    up to max_periods replays of the one-period window `period`, stopping after the first period that
-    advances every stage's clock by the same amount (within tol_ulps ulps of the largest clock, and the
-    clocks within max_span periods of that amount: periodic.py says why this bounds the error). Returns
-    (clock, bubble, gather_wait, the period's clock increment, its per-stage bubble, periods replayed,
-    whether the increment was uniform)."""
-    prev, bubble, gather_wait = np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    """The task level's state after the `warm` window and then up to max_periods replays of the
+    one-period window `period`, stopping after the first period that advances every stage's clock by
+    the same amount (within tol_ulps ulps of the largest clock, and the clocks within max_span periods
+    of that amount: periodic.py says why this bounds the error). Returns (state (4, pp): each stage's
+    clock, bubble, gather wait and the last period's bubble; the period's clock increment; periods
+    replayed; whether the increment was uniform)."""
+    state = np.zeros((4, pp))
+    prev, bubble, gather_wait, step_bubble = state[0], state[1], state[2], state[3]
     last_b_start = np.zeros(pp * vpp)
     replay_window(warm, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
     before = np.empty(pp)
-    step_bubble, step_wait = np.zeros(pp), np.zeros(pp)
+    step_wait = np.zeros(pp)
     for k in range(max_periods):
         before[:] = prev
         step_bubble[:] = 0.0
@@ -462,8 +499,22 @@ def periodic_transient(warm: np.ndarray, period: np.ndarray, pp: int, vpp: int, 
             if abs((prev[s] - before[s]) - lam) > tol or step_wait[s] != 0.0:
                 uniform = False
         if uniform:
-            return prev, bubble, gather_wait, lam, step_bubble, k + 1, True
-    return prev, bubble, gather_wait, 0.0, step_bubble, max_periods, False
+            return state, lam, k + 1, True
+    return state, 0.0, max_periods, False
+
+
+@njit(cache=True, nogil=True)
+def periodic_summary(tail: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
+                     state: np.ndarray, lam: float, jump: int):
+    """The task level of a schedule from a transient's state (periodic_transient's), `jump` periods on:
+    each clock + jump * lam and each bubble + jump * its period's, then the tail window replayed.
+    Returns (compute_end, last_b_start (pp, vpp), bubble, gather_wait), as pipeline_summary."""
+    prev = state[0] + jump * lam
+    bubble = state[1] + jump * state[3]
+    gather_wait = state[2].copy()
+    last_b_start = np.zeros(pp * vpp)
+    replay_window(tail, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
+    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
 
 
 @njit(inline="always")
