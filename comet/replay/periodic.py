@@ -38,7 +38,7 @@ import numpy as np
 from comet.replay import cache, pipeline
 from comet.replay.kernels import periodic_summary, periodic_transient, position_windows, same_window
 from comet.replay.pipeline import PipelineSummary
-from comet.replay.schedule import warmups
+from comet.replay.schedule import steady_warmup, warmups
 
 _TOL_ULPS = 8.0       # increments equal within 8 ulps of the largest clock count as uniform
 _MAX_SPAN = 500.0     # ... while the largest clock is at most 500 periods long: error <= 8 * 2.2e-16 * 500
@@ -49,15 +49,13 @@ def _period(schedule: str, pp: int, vpp: int) -> int:
     return pp if schedule == "interleaved_1f1b" and vpp > 1 else 1
 
 
-@cache.memoized(256)
 def _first_steady(schedule: str, pp: int, vpp: int, residue: int) -> int | None:
     """m0: the smallest micro-batch count (congruent to `residue` modulo the period) whose warm-up forward
     counts are those of every larger count; None for GPipe (its warm-up is every forward)."""
     if schedule == "gpipe":
         return None
     q = _period(schedule, pp, vpp)
-    uncapped = int(warmups(schedule, pp, vpp, 1 << 30).max())
-    m0 = max(-(-uncapped // vpp), 1)
+    m0 = max(-(-steady_warmup(schedule, pp, vpp) // vpp), 1)
     return m0 + (residue - m0) % q
 
 
