@@ -40,8 +40,9 @@ def _durations(rng, pp, vpp, heavy_ends: bool, releases: bool):
         f[0] *= 1.7
         b[-1] *= 2.5
         f[-1] *= 3.0
-    release = np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0) if releases else np.zeros((pp, vpp))
-    return f, b, release
+    if not releases:
+        return f, b, np.zeros((pp, vpp))
+    return f, b, np.where(rng.random((pp, vpp)) < 0.5, rng.uniform(0, 3, (pp, vpp)), 0.0)
 
 
 @pytest.mark.parametrize("schedule,pp,vpp,ms", [
