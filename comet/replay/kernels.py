@@ -264,24 +264,34 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     results are equal bit for bit. dur[(stage * 2 + phase) * vpp + chunk]: task durations;
     f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1 + pp.
     Returns (compute_end, last_b_start (pp, vpp), bubble, gather_wait)."""
-    prev, bubble, gather_wait = np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    history, bubble, gather_wait = np.zeros((1, pp)), np.zeros(pp), np.zeros(pp)
     last_b_start = np.zeros(pp * vpp)
-    replay_window(code, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
-    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
+    replay_window(code, pp, vpp, dur, f_release, end, history, bubble, gather_wait, last_b_start, _NO_LAST)
+    return history[0], last_b_start.reshape((pp, vpp)), bubble, gather_wait
+
+
+_NO_LAST = np.zeros((0, 0), dtype=np.int64)     # replay_window with a history of one row: nothing to carry
 
 
 @njit(cache=True, nogil=True)
 def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
-                  prev: np.ndarray, bubble: np.ndarray, gather_wait: np.ndarray, last_b_start: np.ndarray) -> None:
-    """Replay the tasks of a visit order (a window of position_windows', or a whole schedule's) from a state, in place:
-    each stage's clock prev[s] and idle sums bubble[s] / gather_wait[s] advance over its tasks, and a
-    chunk's last backward writes its start to last_b_start[stage * vpp + chunk]. A task waiting on the
-    task before the window on stage t reads end[len(code) + 1 + t], set here to prev[t] on entry (that
-    task's end). end: scratch of at least len(code) + 1 + pp."""
+                  history: np.ndarray, bubble: np.ndarray, gather_wait: np.ndarray, last_b_start: np.ndarray,
+                  last: np.ndarray) -> None:
+    """Replay the tasks of a visit order (a window of position_windows', or a whole schedule's) from a
+    state, in place. history[b, s]: the end of stage s's (b + 1)-th last task before the window (row 0:
+    its clock, which advances over its tasks); bubble[s] / gather_wait[s]: its idle sums; a chunk's last
+    backward writes its start to last_b_start[stage * vpp + chunk]. A task waiting on the task b before
+    the window on stage t reads end[len(code) + 1 + b * pp + t], set here from history. With more than one
+    row, history's rows 1.. are then carried over the window: last[b, s] is the window position of stage
+    s's (b + 1)-th last task in it, or -1 - r for history row r (position_windows; empty: not carried,
+    the last window). end: scratch of at least len(code) + 1 + history rows x pp."""
     n = code.shape[0]
+    depth = history.shape[0]
     end[n] = 0.0                                           # "no dependency"
-    for s in range(pp):
-        end[n + 1 + s] = prev[s]
+    for b in range(depth):
+        for s in range(pp):
+            end[n + 1 + b * pp + s] = history[b, s]
+    prev = history[0]
     # perf: a kind's stage and (stage, chunk) from tables, not integer divisions per task
     stage_of = np.empty(pp * 2 * vpp, dtype=np.int64)
     chunk_of = np.empty(pp * 2 * vpp, dtype=np.int64)
@@ -316,6 +326,10 @@ def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_releas
         p = start + dur[kind]
         end[i] = p
         prev[s] = p
+    for b in range(1, depth if last.shape[0] > 0 else 1):
+        for s in range(pp):
+            at = last[b, s]
+            history[b, s] = end[at] if at >= 0 else end[n + 1 + (-1 - at) * pp + s]
 
 
 @njit(inline="always")
@@ -332,7 +346,8 @@ def task_position(interleaved: bool, pp: int, vpp: int, total: int, w: int, fwd:
 
 
 @njit(cache=True, nogil=True)
-def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, bounds: np.ndarray):
+def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, bounds: np.ndarray,
+                     max_depth: int):
     """Visit orders of a schedule's tasks without a sweep: by position in their stage, at a position the
     forwards down the stages then the backwards up. In 1F1B and GPipe a forward's input (the previous
     stage's forward of its micro-batch) sits at the same or an earlier position and a backward's (the
@@ -341,10 +356,11 @@ def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
 
     The codes come cut into windows: window w holds each stage s's tasks at positions bounds[w, s] <= j
     < bounds[w + 1, s] (bounds[0] = 0, bounds[-1] = 2 m vpp), in that order with their own positions,
-    concatenated (offsets), for replay_window from the clocks the windows before it left: a task
-    waiting on a task of an earlier window reads end[len(window) + 1 + that task's stage], valid only
-    for that stage's last task before the window (ok False otherwise, or where a task waits on a later
-    window). Returns (codes, offsets, the count of each flag in each window (windows, 4), ok)."""
+    concatenated (offsets), for replay_window from the history the windows before it left: a task
+    waiting on the task b before the window on stage t reads end[len(window) + 1 + b * pp + t] (ok False
+    where b >= max_depth, or where a task waits on a later window). Returns (codes, offsets, the count of
+    each flag in each window (windows, 4), the history rows the windows read (depth), replay_window's
+    `last` of each window (windows, max_depth, pp), ok)."""
     per = 2 * m * vpp
     total = m * vpp
     windows = bounds.shape[0] - 1
@@ -358,6 +374,8 @@ def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
             offsets[w + 1] += bounds[w + 1, s] - bounds[w, s]
     code = np.empty(offsets[windows], dtype=np.int64)
     flags = np.zeros((max(windows, 1), 4), dtype=np.int64)
+    last = np.empty((max(windows, 1), max_depth, pp), dtype=np.int64)
+    depth = 1
     # the tasks at the current position: forwards in stage order from the front, backwards in reverse
     # stage order from the back
     todo = np.empty(pp, dtype=np.int64)
@@ -399,11 +417,13 @@ def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
                     js = task_position(interleaved, pp, vpp, total, warm[ss], fwd, cc, b)
                     src = place[js * pp + ss]
                     if src < 0 or js >= hi[ss]:
-                        return code, offsets, flags, False  # its input comes later: not topological
-                    if js < lo[ss]:                        # an earlier window's: its stage's last there
-                        if js != lo[ss] - 1:
-                            return code, offsets, flags, False
-                        src = size + 1 + ss
+                        return code, offsets, flags, depth, last, False  # its input comes later
+                    if js < lo[ss]:                        # an earlier window's: history row `back`
+                        back = lo[ss] - 1 - js
+                        if back >= max_depth:
+                            return code, offsets, flags, depth, last, False
+                        depth = max(depth, back + 1)
+                        src = size + 1 + back * pp + ss
                     ns = src
                 flag = 0
                 if fwd and b == 0:
@@ -418,14 +438,18 @@ def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
         flags[w, FIRST_FORWARD] = firsts
         flags[w, LAST_BACKWARD] = lasts
         flags[w, 0] = size - firsts - lasts
-    return code, offsets, flags, True
+        for s in range(pp):                                # each stage's last tasks, for the history
+            count = hi[s] - lo[s]
+            for b in range(max_depth):
+                last[w, b, s] = place[(hi[s] - 1 - b) * pp + s] if b < count else -1 - (b - count)
+    return code, offsets, flags, depth, last, True
 
 
 @njit(cache=True, nogil=True)
 def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
     """Whether two windows of position_windows are the same subgraph, whatever order they were visited in:
     per stage, the same kinds and flags at the same positions, each waiting on the same (stage,
-    position) in its window or on the same stage's clock before it."""
+    position) in its window or on the same entry of the history before it."""
     n = a.shape[0]
     if b.shape[0] != n:
         return False
@@ -462,39 +486,46 @@ def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
 
 
 @njit(cache=True, nogil=True)
-def periodic_transient(warm: np.ndarray, period: np.ndarray, pp: int, vpp: int, dur: np.ndarray,
-                       f_release: np.ndarray, end: np.ndarray, max_periods: int, tol_ulps: float,
-                       max_span: float):
+def periodic_transient(warm: np.ndarray, warm_last: np.ndarray, period: np.ndarray, period_last: np.ndarray,
+                       pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray, max_periods: int,
+                       tol_ulps: float, max_span: float):
     """The task level's state after the `warm` window and then up to max_periods replays of the
-    one-period window `period`, stopping after the first period that advances every stage's clock by
-    the same amount (within tol_ulps ulps of the largest clock, and the clocks within max_span periods
-    of that amount: periodic.py says why this bounds the error). Returns (state (4, pp): each stage's
-    clock, bubble, gather wait and the last period's bubble; the period's clock increment; periods
-    replayed; whether the increment was uniform)."""
-    state = np.zeros((4, pp))
-    prev, bubble, gather_wait, step_bubble = state[0], state[1], state[2], state[3]
+    one-period window `period`, stopping after the first period that advances every stage's history
+    (its clock and the ends of the tasks before it that later windows read: warm_last's rows) by the
+    same amount (within tol_ulps ulps of the largest clock, and the clocks within max_span periods of
+    that amount: periodic.py says why this bounds the error). Returns (state (rows + 3, pp): the
+    history rows, each stage's bubble, gather wait and the last period's bubble; the period's
+    increment; periods replayed; whether the increment was uniform)."""
+    rows = warm_last.shape[0]
+    state = np.zeros((rows + 3, pp))
+    history = state[:rows]
+    bubble, gather_wait, step_bubble = state[rows], state[rows + 1], state[rows + 2]
     last_b_start = np.zeros(pp * vpp)
-    replay_window(warm, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
-    before = np.empty(pp)
+    replay_window(warm, pp, vpp, dur, f_release, end, history, bubble, gather_wait, last_b_start, warm_last)
+    before = np.empty((rows, pp))
     step_wait = np.zeros(pp)
     for k in range(max_periods):
-        before[:] = prev
+        before[:] = history
         step_bubble[:] = 0.0
         step_wait[:] = 0.0
         # a period's idle sums start from zero: its per-period bubble is exact, not a difference of sums
-        replay_window(period, pp, vpp, dur, f_release, end, prev, step_bubble, step_wait, last_b_start)
+        replay_window(period, pp, vpp, dur, f_release, end, history, step_bubble, step_wait, last_b_start,
+                      period_last)
         top = 0.0
         for s in range(pp):
             bubble[s] += step_bubble[s]
             gather_wait[s] += step_wait[s]
-            if abs(prev[s]) > top:
-                top = abs(prev[s])
-        lam = prev[0] - before[0]
+            if abs(history[0, s]) > top:
+                top = abs(history[0, s])
+        lam = history[0, 0] - before[0, 0]
         uniform = lam > 0.0 and top <= max_span * lam
         tol = tol_ulps * 2.220446049250313e-16 * top
         for s in range(pp):
-            if abs((prev[s] - before[s]) - lam) > tol or step_wait[s] != 0.0:
+            if step_wait[s] != 0.0:
                 uniform = False
+            for r in range(rows):
+                if abs((history[r, s] - before[r, s]) - lam) > tol:
+                    uniform = False
         if uniform:
             return state, lam, k + 1, True
     return state, 0.0, max_periods, False
@@ -504,14 +535,15 @@ def periodic_transient(warm: np.ndarray, period: np.ndarray, pp: int, vpp: int, 
 def periodic_summary(tail: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
                      state: np.ndarray, lam: float, jump: int):
     """The task level of a schedule from a transient's state (periodic_transient's), `jump` periods on:
-    each clock + jump * lam and each bubble + jump * its period's, then the tail window replayed.
+    each history entry + jump * lam and each bubble + jump * its period's, then the tail window replayed.
     Returns (compute_end, last_b_start (pp, vpp), bubble, gather_wait), as pipeline_summary."""
-    prev = state[0] + jump * lam
-    bubble = state[1] + jump * state[3]
-    gather_wait = state[2].copy()
+    rows = state.shape[0] - 3
+    history = state[:rows] + jump * lam
+    bubble = state[rows] + jump * state[rows + 2]
+    gather_wait = state[rows + 1].copy()
     last_b_start = np.zeros(pp * vpp)
-    replay_window(tail, pp, vpp, dur, f_release, end, prev, bubble, gather_wait, last_b_start)
-    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait
+    replay_window(tail, pp, vpp, dur, f_release, end, history, bubble, gather_wait, last_b_start, _NO_LAST)
+    return history[0], last_b_start.reshape((pp, vpp)), bubble, gather_wait
 
 
 @njit(inline="always")

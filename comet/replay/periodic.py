@@ -43,6 +43,7 @@ from comet.replay.schedule import steady_warmup, warmups
 
 _TOL_ULPS = 8.0       # increments equal within 8 ulps of the largest clock count as uniform
 _MAX_SPAN = 500.0     # ... while the largest clock is at most 500 periods long: error <= 8 * 2.2e-16 * 500
+_MAX_DEPTH = 4        # a window may read the ends of each stage's last 4 tasks before it (interleaved: 3)
 
 
 def _period(schedule: str, pp: int, vpp: int) -> int:
@@ -82,18 +83,18 @@ def _windows(schedule: str, pp: int, vpp: int, m0: int):
     bounds[4] = 2 * big * vpp
     # perf: orders by position, not a sweep, and of the short schedule only (GPT-3 1T, pp 64, m 192: the
     # windows ~80 us where the sweep of the whole schedule took ~250 us)
-    orders, offsets, flags, ok = position_windows(interleaved, pp, vpp, big, warm_up, bounds)
+    orders, offsets, flags, depth, last, ok = position_windows(interleaved, pp, vpp, big, warm_up, bounds, _MAX_DEPTH)
     warm, first, second, tail = (orders[offsets[w]:offsets[w + 1]] for w in range(4))
-    if not (ok and same_window(first, second, pp, vpp)):
+    if not (ok and same_window(first, second, pp, vpp) and np.array_equal(last[1, :depth], last[2, :depth])):
         return None
     # every release is read in the warm window, every last backward in the tail, none in a period
     kinds = pp * vpp
     if flags[0, 1] != kinds or flags[3, 2] != kinds or flags[1, 1] or flags[1, 2]:
         return None
-    warm, first, tail = warm.copy(), first.copy(), tail.copy()
-    for a in (warm, first, tail):
+    windows = warm.copy(), last[0, :depth].copy(), first.copy(), last[1, :depth].copy(), tail.copy()
+    for a in windows:
         a.flags.writeable = False
-    return warm, first, tail
+    return windows
 
 
 def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: np.ndarray, dur_bits: bytes,
@@ -113,14 +114,15 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release
         cache.orders.put(shape, windows)
     if not windows:
         return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
-    warm, period, tail = windows
+    warm, warm_last, period, period_last, tail = windows
     periods = (m - q - m0) // q                       # periods from the warm window to the tail
-    end = pipeline._scratch(max(len(warm), len(period), len(tail)) + 1 + pp)
+    end = pipeline._scratch(max(len(warm), len(period), len(tail)) + 1 + len(warm_last) * pp)
     key = (shape, dur_bits, release_bits)
     known = cache.transients.get(key)
     if known is None or known[2] > periods:
         # a pure function of the shape and durations while a uniform increment appears within `periods`
-        known = periodic_transient(warm, period, pp, vpp, dur, release, end, periods, _TOL_ULPS, _MAX_SPAN)
+        known = periodic_transient(warm, warm_last, period, period_last, pp, vpp, dur, release, end, periods,
+                                   _TOL_ULPS, _MAX_SPAN)
         if known[3]:
             known[0].flags.writeable = False
             cache.transients.put(key, known)

@@ -73,7 +73,7 @@ def test_1f1b_jumps_over_the_steady_state():
     _close(_periodic("1f1b", pp, 1, 1000, f, b, release), _whole("1f1b", pp, 1, 1000, f, b, release))
     (key, state), = cache.transients.items()
     assert state[3] and state[2] < 10 and state[1] == 3.0      # uniform after a few periods of f + b
-    warm, period, tail = cache.orders.get(key[0])
+    warm, _, period, _, tail = cache.orders.get(key[0])
     assert len(period) == 2 * pp                                 # one forward and one backward per stage
     assert len(warm) + len(tail) < 3 * pp * pp
 
@@ -115,23 +115,36 @@ def test_periodic_equals_the_whole_replay_on_random_shapes(schedule, pp, vpp, gr
     _close(_periodic(schedule, pp, vpp, m, f, b, release), _whole(schedule, pp, vpp, m, f, b, release))
 
 
-def test_windows_that_do_not_continue_from_the_clocks_are_refused():
+def test_windows_that_do_not_continue_from_the_history_are_refused():
     from comet.replay.kernels import position_windows
     pp, m = 3, 4
-    f, b, release = np.ones((pp, 1)), np.full((pp, 1), 2.0), np.zeros((pp, 1))
     warm = np.array([2, 1, 0])
 
-    def closed(cut):
+    def closed(cut, max_depth=1):
         bounds = np.array([[0] * pp, cut, [2 * m] * pp], dtype=np.int64)
-        return position_windows(False, pp, 1, m, warm, bounds)[-1]
+        return position_windows(False, pp, 1, m, warm, bounds, max_depth)[-1]
 
     assert closed([2 * m - w for w in warm])         # each stage's prefix (before its drain): closed
     # stage 1's forwards F(1), F(2) wait on stage 0's, in the later window
-    assert not closed([1, 4, 2 * m])
-    # stage 1's F(2) (its position 3) waits on stage 0's F(2) (position 2): before the window, not its last
+    assert not closed([1, 4, 2 * m], max_depth=4)
+    # stage 1's F(2) (its position 3) waits on stage 0's F(2) (position 2): the second last task before
+    # the window, read from a history of two rows, not one
     assert not closed([4, 3, 2])
-    # interleaved 1F1B: a period waits on more than each stage's last task before it
-    assert periodic._windows("interleaved_1f1b", 4, 2, periodic._first_steady("interleaved_1f1b", 4, 2, 0)) is None
+    assert closed([4, 3, 2], max_depth=2)
+
+
+def test_interleaved_periods_read_three_tasks_back():
+    # interleaved 1F1B: a period waits on the last three tasks of a stage before it (the windows carry
+    # that history), and jumps like 1F1B
+    m0 = periodic._first_steady("interleaved_1f1b", 4, 2, 0)
+    warm, warm_last, *_ = periodic._windows("interleaved_1f1b", 4, 2, m0)
+    assert warm_last.shape == (3, 4)
+    cache.clear()
+    rng = np.random.default_rng(9)
+    f, b, release = _durations(rng, 4, 2, heavy_ends=True, releases=True)
+    for m in (40, 200):
+        _close(_periodic("interleaved_1f1b", 4, 2, m, f, b, release), _whole("interleaved_1f1b", 4, 2, m, f, b, release))
+    assert any(state[3] for _, state in cache.transients.items())
 
 
 @pytest.mark.parametrize("cfg", [dict(tp=1, pp=4, gpus=8, global_batch=32), dict(tp=2, pp=2, gpus=8, global_batch=20),
