@@ -4,18 +4,19 @@ state is periodic, so a schedule's figures are replayed up to where they repeat,
 The static-order schedule is a max-plus linear system. Past its warm-up (once every stage's warm-up
 forward count stops growing with the micro-batch count m), the schedule of m + q micro-batches runs the
 tasks of the schedule of m, in the same order, plus one *period* per stage (1F1B: q = 1, the pair F(m),
-B(m - w_s)) before its drain; let x_k be each stage's clock after the tasks of its prefix in the schedule
-of k (the tasks before its drain). When a period waits only on the prefix's last task of each stage
-(checked, kernels.position_windows), x_{k+q} = Phi(x_k) with the same map Phi for every k (checked: the
-period windows k -> k+q and k+q -> k+2q hold the same task kinds at the same positions with the same
-dependencies; codes hold kinds and positions, not micro-batch numbers). Phi is built of max and +, so it
-is monotone and homogeneous: Phi(x + c) = Phi(x) + c. Hence once x_{k+q} = x_k + lambda (the same
-increment on every stage), x_{k+jq} = x_k + j * lambda for every j, and every period adds the same gaps,
-so the idle sums grow by the same per-stage bubble each period. A schedule of m micro-batches is then:
-the warm window (the prefix of m0, the first count past the warm-up), periods until the increment is
-uniform (the transient: a function of the shape and the durations, not of m), a jump to x_{m-q}, and the
-*tail* (the last period and the drain, whose codes are the same for every m: positions counted from the
-schedule's end).
+B(m - w_s); interleaved: q = pp) before its drain; let x_k be the state after the tasks of each stage's
+prefix in the schedule of k (the tasks before its drain): each stage's clock and the ends of the few
+tasks before it that later tasks read (1F1B: the clock alone; interleaved: the last 3; at most
+_MAX_DEPTH, checked by kernels.position_windows). Then x_{k+q} = Phi(x_k) with the same map Phi for every
+k (checked: the period windows k -> k+q and k+q -> k+2q hold the same task kinds at the same positions
+with the same dependencies; codes hold kinds and positions, not micro-batch numbers). Phi is built of max
+and +, so it is monotone and homogeneous: Phi(x + c) = Phi(x) + c. Hence once x_{k+q} = x_k + lambda (the
+same increment on every entry), x_{k+jq} = x_k + j * lambda for every j, and every period adds the same
+gaps, so the idle sums grow by the same per-stage bubble each period. A schedule of m micro-batches is
+then: the warm window (the prefix of m0, the first count past the warm-up), periods until the increment
+is uniform (the transient: a function of the shape and the durations, not of m), a jump to x_{m-q}, and
+the *tail* (the last period and the drain, whose codes are the same for every m: positions counted from
+the schedule's end).
 
 Exact up to rounding: Phi is nonexpansive in the max norm (||Phi(x) - Phi(y)|| <= ||x - y||), so if the
 measured increments differ from lambda by at most e, every later period's does too, and after J periods
@@ -26,10 +27,10 @@ carry anyway is of that order. The per-period bubble is summed from zero over on
 difference of large sums).
 
 Where this does not apply the whole schedule is replayed (pipeline.summarize; bit for bit the sweep): m
-below m0 + 3q, GPipe (its warm-up grows with m: every forward), interleaved schedules whose periods wait
-on more than each stage's last prefix task, or no uniform increment before m (cyclicity > 1, or a
-transient as long as the schedule: the periods replayed are then the schedule itself). Tests:
-tests/replay/test_periodic.py (equal to the whole replay at 1e-12 on random shapes and durations).
+below m0 + 3q, GPipe (its warm-up grows with m: every forward), a period reading further back than
+_MAX_DEPTH tasks, or no uniform increment before m (cyclicity > 1, or a transient as long as the
+schedule: the periods replayed are then the schedule itself). Tests: tests/replay/test_periodic.py (equal
+to the whole replay at 1e-12 on random shapes and durations).
 """
 
 from __future__ import annotations

@@ -143,7 +143,8 @@ def test_interleaved_periods_read_three_tasks_back():
     rng = np.random.default_rng(9)
     f, b, release = _durations(rng, 4, 2, heavy_ends=True, releases=True)
     for m in (40, 200):
-        _close(_periodic("interleaved_1f1b", 4, 2, m, f, b, release), _whole("interleaved_1f1b", 4, 2, m, f, b, release))
+        got = _periodic("interleaved_1f1b", 4, 2, m, f, b, release)
+        _close(got, _whole("interleaved_1f1b", 4, 2, m, f, b, release))
     assert any(state[3] for _, state in cache.transients.items())
 
 
