@@ -130,12 +130,12 @@ facts = LRU(8 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 resolved = LRU(_BLOCK_ENTRIES)      # (model, parallel as given) -> the resolved ParallelConfig (evaluate.resolve)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
-# pipeline shape -> task visit order (replay/pipeline.py), 8 B a task; the orders continuing a shorter
-# schedule (replay/prefix.py), 16 B a task
+# pipeline shape -> task visit order (replay/pipeline.py), 8 B a task; a shape's warm-up, period and
+# tail windows (replay/periodic.py), 8 B a task of a short schedule
 orders = BytesLRU(32 << 20, 1024)
-# (pipeline shape, task durations and releases as bytes) -> {micro-batches: each stage's clock and idle
-# sums after the tasks it shares with a longer schedule} (replay/prefix.py): ~1.5 KB a state, 8 per entry
-continuations = LRU(1024)
+# (pipeline shape without m, task durations and releases as bytes) -> each stage's clock and idle sums
+# where its increment per period turned uniform (replay/periodic.py): ~2 KB an entry
+transients = LRU(4096)
 # (pipeline shape, task durations and releases as bytes) -> PipelineSummary (replay/step.py): a few
 # (pp, vpp) arrays, ~2-10 KB an entry
 summaries = LRU(_BLOCK_ENTRIES)
@@ -352,7 +352,7 @@ def disabled():
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
     for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, network, orders,
-              summaries, continuations):
+              summaries, transients):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
@@ -365,4 +365,4 @@ def stats() -> dict[str, tuple[int, int, int]]:
     return {name: (len(c), c.hits, c.misses) for name, c in
             (("durations", durations), ("replays", replays), ("compiled", compiled), ("graphs", graphs), ("blocks", blocks),
              ("network", network), ("orders", orders), ("summaries", summaries),
-             ("continuations", continuations))}
+             ("transients", transients))}

@@ -50,25 +50,6 @@ def task_at(interleaved: bool, pp: int, vpp: int, total: int, w: int, j: int):
 
 
 @njit(cache=True, nogil=True)
-def shared_prefix(interleaved: bool, pp: int, vpp: int, m_a: int, warm_a: np.ndarray, m_b: int,
-                  warm_b: np.ndarray) -> np.ndarray:
-    """Per stage, how many first tasks the schedules of m_a and m_b micro-batches have in common (the
-    same (phase, chunk, micro-batch) at the same position)."""
-    out = np.empty(pp, dtype=np.int64)
-    n = 2 * min(m_a, m_b) * vpp
-    for s in range(pp):
-        j = 0
-        while j < n:
-            fa, ca, ba = task_at(interleaved, pp, vpp, m_a * vpp, warm_a[s], j)
-            fb, cb, bb = task_at(interleaved, pp, vpp, m_b * vpp, warm_b[s], j)
-            if fa != fb or ca != cb or ba != bb:
-                break
-            j += 1
-        out[s] = j
-    return out
-
-
-@njit(cache=True, nogil=True)
 def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: np.ndarray):
     """End time of every task, and whether every task could be scheduled (False: a dependency cycle).
     src[i] = global index of the task i waits for on another stage (n: none); stage s owns
@@ -281,53 +262,51 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     """pipeline_summary over the visit order it recorded for this shape: one pass, no schedule logic. The
     same arithmetic per task as pipeline_summary, and each stage's tasks in the same order, so the
     results are equal bit for bit. dur[(stage * 2 + phase) * vpp + chunk]: task durations;
-    f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1."""
-    none = np.empty(0, dtype=np.int64)
-    return replay_from(code, pp, vpp, dur, f_release, end, np.zeros(pp), np.zeros(pp), np.zeros(pp), none, none)[:4]
+    f_release[stage * vpp + chunk]; end: scratch of at least len(code) + 1 + pp.
+    Returns (compute_end, last_b_start (pp, vpp), bubble, gather_wait)."""
+    history, bubble, gather_wait = np.zeros((1, pp)), np.zeros(pp), np.zeros(pp)
+    last_b_start = np.zeros(pp * vpp)
+    replay_window(code, pp, vpp, dur, f_release, end, history, bubble, gather_wait, last_b_start, _NO_LAST)
+    return history[0], last_b_start.reshape((pp, vpp)), bubble, gather_wait
+
+
+_NO_LAST = np.zeros((0, 0), dtype=np.int64)     # replay_window with a history of one row: nothing to carry
 
 
 @njit(cache=True, nogil=True)
-def replay_from(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
-                prev0: np.ndarray, bubble0: np.ndarray, gather_wait0: np.ndarray, cut_at: np.ndarray,
-                cut_stage: np.ndarray):
-    """replay_in_order from a state: each stage's clock and idle sums start at prev0 / bubble0 /
-    gather_wait0 (the tasks before `code` already replayed; zeros: none), and end[len(code) + 1 + s]
-    holds the end of stage s's last replayed task (prefix.remainder_order points there). Right after the
-    task at visit position cut_at[j] (increasing), the clock and sums of its stage cut_stage[j] are
-    recorded: the state a longer schedule of this shape continues from (prefix.py). Returns
-    (compute_end, last_b_start, bubble, gather_wait) and the recorded (clock, bubble, gather_wait, count)."""
+def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
+                  history: np.ndarray, bubble: np.ndarray, gather_wait: np.ndarray, last_b_start: np.ndarray,
+                  last: np.ndarray) -> None:
+    """Replay the tasks of a visit order (a window of position_windows', or a whole schedule's) from a
+    state, in place. history[b, s]: the end of stage s's (b + 1)-th last task before the window (row 0:
+    its clock, which advances over its tasks); bubble[s] / gather_wait[s]: its idle sums; a chunk's last
+    backward writes its start to last_b_start[stage * vpp + chunk]. A task waiting on the task b before
+    the window on stage t reads end[len(code) + 1 + b * pp + t], set here from history. With more than one
+    row, history's rows 1.. are then carried over the window: last[b, s] is the window position of stage
+    s's (b + 1)-th last task in it, or -1 - r for history row r (position_windows; empty: not carried,
+    the last window). end: scratch of at least len(code) + 1 + history rows x pp."""
     n = code.shape[0]
-    prev = prev0.copy()
-    last_b_start = np.zeros(pp * vpp)
-    bubble = bubble0.copy()
-    gather_wait = gather_wait0.copy()
-    snap_prev, snap_bubble, snap_gw = np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    depth = history.shape[0]
     end[n] = 0.0                                           # "no dependency"
+    for b in range(depth):
+        for s in range(pp):
+            end[n + 1 + b * pp + s] = history[b, s]
+    prev = history[0]
     # perf: a kind's stage and (stage, chunk) from tables, not integer divisions per task
     stage_of = np.empty(pp * 2 * vpp, dtype=np.int64)
     chunk_of = np.empty(pp * 2 * vpp, dtype=np.int64)
     for kind in range(pp * 2 * vpp):
         stage_of[kind] = kind // (2 * vpp)
         chunk_of[kind] = stage_of[kind] * vpp + kind % vpp
-    cuts = cut_at.shape[0]
-    j = 0
-    nxt = cut_at[0] if cuts > 0 else -1
-    # perf: the current stage's clock and idle sums live in registers while the visit order stays on
-    # that stage (a store and reload per task lengthened the dependency chain ~10%); the same additions
-    # in the same order, so the sums are equal bit for bit
-    cur = 0
-    p = prev[0]
-    bub = bubble[0]
-    gw = gather_wait[0]
+    # perf: each task reads and writes its stage's clock and sums in the arrays: the periodic windows'
+    # order (by position) changes stage at every task, where keeping the current stage's in registers
+    # (a store and reload at each change) cost ~25% (warm window of GPT-3 1T's pp 64: 23 -> 17 us)
     for i in range(n):
         x = code[i]
         kind = x >> 34
         flag = (x >> 32) & 3
         s = stage_of[kind]
-        if s != cur:
-            prev[cur], bubble[cur], gather_wait[cur] = p, bub, gw
-            cur = s
-            p, bub, gw = prev[s], bubble[s], gather_wait[s]
+        p = prev[s]
         t = end[x & 0xFFFFFFFF]
         if flag == FIRST_FORWARD:
             src_end = t
@@ -336,89 +315,235 @@ def replay_from(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release:
                 t = r
             start = p if p > t else t
             if r > 0.0 and start == r and src_end < start:
-                gw += start - p
+                gather_wait[s] += start - p
             else:
-                bub += start - p
+                bubble[s] += start - p
         else:
             start = p if p > t else t
-            bub += start - p
+            bubble[s] += start - p
             if flag == LAST_BACKWARD:
                 last_b_start[chunk_of[kind]] = start
         p = start + dur[kind]
         end[i] = p
-        if i == nxt:
-            c = cut_stage[j]
-            snap_prev[c], snap_bubble[c], snap_gw[c] = p, bub, gw
-            j += 1
-            nxt = cut_at[j] if j < cuts else -1
-    prev[cur], bubble[cur], gather_wait[cur] = p, bub, gw
-    return prev, last_b_start.reshape((pp, vpp)), bubble, gather_wait, snap_prev, snap_bubble, snap_gw, j
+        prev[s] = p
+    for b in range(1, depth if last.shape[0] > 0 else 1):
+        for s in range(pp):
+            at = last[b, s]
+            history[b, s] = end[at] if at >= 0 else end[n + 1 + (-1 - at) * pp + s]
+
+
+@njit(inline="always")
+def task_position(interleaved: bool, pp: int, vpp: int, total: int, w: int, fwd: bool, c: int, b: int) -> int:
+    """The position in its stage of the task (forward?, chunk, micro-batch): task_at's inverse."""
+    index = b
+    if interleaved:
+        in_chunk = c if fwd else vpp - 1 - c
+        index = (b // pp) * pp * vpp + in_chunk * pp + b % pp
+    if fwd:
+        return index if index < w else 2 * index - w
+    j = w + 2 * index + 1
+    return j if j < 2 * total - w else index + total
 
 
 @njit(cache=True, nogil=True)
-def remainder_order(code: np.ndarray, pp: int, vpp: int, cut: np.ndarray):
-    """The visit order `code` (a pipeline shape's, as recorded by pipeline_summary) without the first
-    cut[s] tasks of each stage s (replayed already, by a shorter schedule of the same shape), for
-    replay_from. A kept task waiting on a dropped one reads end[n_kept + 1 + its stage]: valid only for
-    the last dropped task of that stage. Returns (order, ok): ok is False where a dropped task waits on
-    a kept one or a kept one on another dropped task (the prefix is not closed: no continuation)."""
-    n = code.shape[0]
+def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, bounds: np.ndarray,
+                     max_depth: int):
+    """Visit orders of a schedule's tasks without a sweep: by position in their stage, at a position the
+    forwards down the stages then the backwards up. In 1F1B and GPipe a forward's input (the previous
+    stage's forward of its micro-batch) sits at the same or an earlier position and a backward's (the
+    next stage's) too, so this order is topological; it is checked task by task (ok False otherwise:
+    interleaved schedules, whose inputs wrap from the last stage to the first, may fail it).
+
+    The codes come cut into windows: window w holds each stage s's tasks at positions bounds[w, s] <= j
+    < bounds[w + 1, s] (bounds[0] = 0, bounds[-1] = 2 m vpp), in that order with their own positions,
+    concatenated (offsets), for replay_window from the history the windows before it left: a task
+    waiting on the task b before the window on stage t reads end[len(window) + 1 + b * pp + t] (ok False
+    where b >= max_depth, or where a task waits on a later window). Returns (codes, offsets, the count of
+    each flag in each window (windows, 4), the history rows the windows read (depth), replay_window's
+    `last` of each window (windows, max_depth, pp), ok)."""
+    per = 2 * m * vpp
+    total = m * vpp
+    windows = bounds.shape[0] - 1
+    # (position, stage) -> the task's index in its window (position-major: the inputs of the tasks at
+    # one position are a few cache lines)
+    place = np.full(per * pp, -1, dtype=np.int64)
+    offsets = np.zeros(windows + 1, dtype=np.int64)
+    for w in range(windows):
+        offsets[w + 1] = offsets[w]
+        for s in range(pp):
+            offsets[w + 1] += bounds[w + 1, s] - bounds[w, s]
+    code = np.empty(offsets[windows], dtype=np.int64)
+    flags = np.zeros((max(windows, 1), 4), dtype=np.int64)
+    last = np.empty((max(windows, 1), max_depth, pp), dtype=np.int64)
+    depth = 1
+    # the tasks at the current position: forwards in stage order from the front, backwards in reverse
+    # stage order from the back
+    todo = np.empty(pp, dtype=np.int64)
+    chunks = np.empty(pp, dtype=np.int64)
+    mbs = np.empty(pp, dtype=np.int64)
+    # perf: window by window, its fill count and flag counts in registers (91 -> 76 us, GPT-3 1T pp 64)
+    for w in range(windows):
+        lo, hi = bounds[w], bounds[w + 1]
+        size = offsets[w + 1] - offsets[w]
+        out = code[offsets[w]:offsets[w + 1]]
+        k = 0
+        firsts = lasts = 0
+        for j in range(lo.min(), hi.max()):
+            nf = 0
+            nb = pp
+            for s in range(pp):
+                if j < lo[s] or j >= hi[s]:
+                    continue
+                fwd, c, b = task_at(interleaved, pp, vpp, total, warm[s], j)
+                chunks[s], mbs[s] = c, b
+                if fwd:
+                    todo[nf] = s
+                    nf += 1
+                else:
+                    nb -= 1
+                    todo[nb] = s
+            for t in range(nf + pp - nb):
+                s = todo[t if t < nf else nb + t - nf]
+                fwd = t < nf
+                c, b = chunks[s], mbs[s]
+                ph = 0 if fwd else 1
+                ns = size                                  # "no dependency"
+                # the previous virtual stage (forward) or the next one (backward): vs = chunk * pp + stage
+                if fwd:
+                    ss, cc = (s - 1, c) if s > 0 else (pp - 1, c - 1)
+                else:
+                    ss, cc = (s + 1, c) if s < pp - 1 else (0, c + 1)
+                if cc >= 0 and cc < vpp:
+                    js = task_position(interleaved, pp, vpp, total, warm[ss], fwd, cc, b)
+                    src = place[js * pp + ss]
+                    if src < 0 or js >= hi[ss]:
+                        return code, offsets, flags, depth, last, False  # its input comes later
+                    if js < lo[ss]:                        # an earlier window's: history row `back`
+                        back = lo[ss] - 1 - js
+                        if back >= max_depth:
+                            return code, offsets, flags, depth, last, False
+                        depth = max(depth, back + 1)
+                        src = size + 1 + back * pp + ss
+                    ns = src
+                flag = 0
+                if fwd and b == 0:
+                    flag = FIRST_FORWARD
+                    firsts += 1
+                elif not fwd and b == m - 1:
+                    flag = LAST_BACKWARD
+                    lasts += 1
+                place[j * pp + s] = k
+                out[k] = ns | (flag << 32) | (((s * 2 + ph) * vpp + c) << 34)
+                k += 1
+        flags[w, FIRST_FORWARD] = firsts
+        flags[w, LAST_BACKWARD] = lasts
+        flags[w, 0] = size - firsts - lasts
+        for s in range(pp):                                # each stage's last tasks, for the history
+            count = hi[s] - lo[s]
+            for b in range(max_depth):
+                last[w, b, s] = place[(hi[s] - 1 - b) * pp + s] if b < count else -1 - (b - count)
+    return code, offsets, flags, depth, last, True
+
+
+@njit(cache=True, nogil=True)
+def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
+    """Whether two windows of position_windows are the same subgraph, whatever order they were visited in:
+    per stage, the same kinds and flags at the same positions, each waiting on the same (stage,
+    position) in its window or on the same entry of the history before it."""
+    n = a.shape[0]
+    if b.shape[0] != n:
+        return False
     mask = np.int64(0xFFFFFFFF)
-    pos = np.empty(n, dtype=np.int64)
-    stage = np.empty(n, dtype=np.int64)
-    new = np.empty(n, dtype=np.int64)
-    count = np.zeros(pp, dtype=np.int64)
-    k = 0
+    keys = np.empty((2, n, 3), dtype=np.int64)            # (stage, position) -> (kind | flags, src stage, src position)
+    for w in range(2):
+        x = a if w == 0 else b
+        count = np.zeros(pp, dtype=np.int64)
+        stage = np.empty(n, dtype=np.int64)
+        pos = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            s = (x[i] >> 34) // (2 * vpp)
+            stage[i] = s
+            pos[i] = count[s]
+            count[s] += 1
+        first = np.zeros(pp + 1, dtype=np.int64)
+        for s in range(pp):
+            first[s + 1] = first[s] + count[s]
+        for i in range(n):
+            src = x[i] & mask
+            slot = first[stage[i]] + pos[i]
+            keys[w, slot, 0] = x[i] >> 32
+            if src < n:
+                keys[w, slot, 1], keys[w, slot, 2] = stage[src], pos[src]
+            elif src == n:
+                keys[w, slot, 1], keys[w, slot, 2] = -1, -1
+            else:
+                keys[w, slot, 1], keys[w, slot, 2] = src - n - 1, -2
     for i in range(n):
-        s = (code[i] >> 34) // (2 * vpp)
-        stage[i] = s
-        pos[i] = count[s]
-        count[s] += 1
-        if pos[i] >= cut[s]:
-            new[i] = k
-            k += 1
-        else:
-            new[i] = -1
-    out = np.empty(k, dtype=np.int64)
-    for i in range(n):
-        src = code[i] & mask
-        if new[i] < 0:                                     # a dropped (prefix) task
-            if src != n and new[src] >= 0:
-                return out, False
-            continue
-        if src == n:
-            ns = k
-        elif new[src] >= 0:
-            ns = new[src]
-        else:
-            t = stage[src]
-            if pos[src] != cut[t] - 1:
-                return out, False
-            ns = k + 1 + t
-        out[new[i]] = (code[i] & ~mask) | ns
-    return out, True
+        for c in range(3):
+            if keys[0, i, c] != keys[1, i, c]:
+                return False
+    return True
 
 
 @njit(cache=True, nogil=True)
-def cut_visits(code: np.ndarray, pp: int, vpp: int, first: np.ndarray, cut: np.ndarray):
-    """Visit positions (increasing) of each stage's task at position cut[s] - 1 in its stage, the
-    order's tasks of stage s starting at position first[s], and their stages: where replay_from
-    records the state a longer schedule continues from. Empty where a stage has no such task."""
-    count = first.copy()
-    at = np.empty(pp, dtype=np.int64)
-    stage = np.empty(pp, dtype=np.int64)
-    stage_of = np.arange(pp * 2 * vpp) // (2 * vpp)       # perf: a table, not a division per task
-    k = 0
-    for i in range(code.shape[0]):
-        s = stage_of[code[i] >> 34]
-        if count[s] == cut[s] - 1:
-            at[k] = i
-            stage[k] = s
-            k += 1
-        count[s] += 1
-    if k != pp:
-        return at[:0], stage[:0]
-    return at, stage
+def periodic_transient(warm: np.ndarray, warm_last: np.ndarray, period: np.ndarray, period_last: np.ndarray,
+                       pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray, max_periods: int,
+                       tol_ulps: float, max_span: float):
+    """The task level's state after the `warm` window and then up to max_periods replays of the
+    one-period window `period`, stopping after the first period that advances every stage's history
+    (its clock and the ends of the tasks before it that later windows read: warm_last's rows) by the
+    same amount (within tol_ulps ulps of the largest clock, and the clocks within max_span periods of
+    that amount: periodic.py says why this bounds the error). Returns (state (rows + 3, pp): the
+    history rows, each stage's bubble, gather wait and the last period's bubble; the period's
+    increment; periods replayed; whether the increment was uniform)."""
+    rows = warm_last.shape[0]
+    state = np.zeros((rows + 3, pp))
+    history = state[:rows]
+    bubble, gather_wait, step_bubble = state[rows], state[rows + 1], state[rows + 2]
+    last_b_start = np.zeros(pp * vpp)
+    replay_window(warm, pp, vpp, dur, f_release, end, history, bubble, gather_wait, last_b_start, warm_last)
+    before = np.empty((rows, pp))
+    step_wait = np.zeros(pp)
+    for k in range(max_periods):
+        before[:] = history
+        step_bubble[:] = 0.0
+        step_wait[:] = 0.0
+        # a period's idle sums start from zero: its per-period bubble is exact, not a difference of sums
+        replay_window(period, pp, vpp, dur, f_release, end, history, step_bubble, step_wait, last_b_start,
+                      period_last)
+        top = 0.0
+        for s in range(pp):
+            bubble[s] += step_bubble[s]
+            gather_wait[s] += step_wait[s]
+            if abs(history[0, s]) > top:
+                top = abs(history[0, s])
+        lam = history[0, 0] - before[0, 0]
+        uniform = lam > 0.0 and top <= max_span * lam
+        tol = tol_ulps * 2.220446049250313e-16 * top
+        for s in range(pp):
+            if step_wait[s] != 0.0:
+                uniform = False
+            for r in range(rows):
+                if abs((history[r, s] - before[r, s]) - lam) > tol:
+                    uniform = False
+        if uniform:
+            return state, lam, k + 1, True
+    return state, 0.0, max_periods, False
+
+
+@njit(cache=True, nogil=True)
+def periodic_summary(tail: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_release: np.ndarray, end: np.ndarray,
+                     state: np.ndarray, lam: float, jump: int):
+    """The task level of a schedule from a transient's state (periodic_transient's), `jump` periods on:
+    each history entry + jump * lam and each bubble + jump * its period's, then the tail window replayed.
+    Returns (compute_end, last_b_start (pp, vpp), bubble, gather_wait), as pipeline_summary."""
+    rows = state.shape[0] - 3
+    history = state[:rows] + jump * lam
+    bubble = state[rows] + jump * state[rows + 2]
+    gather_wait = state[rows + 1].copy()
+    last_b_start = np.zeros(pp * vpp)
+    replay_window(tail, pp, vpp, dur, f_release, end, history, bubble, gather_wait, last_b_start, _NO_LAST)
+    return history[0], last_b_start.reshape((pp, vpp)), bubble, gather_wait
 
 
 @njit(inline="always")

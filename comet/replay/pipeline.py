@@ -135,7 +135,7 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, f_dur: np.ndarray, b_dur
         order = cache.orders.get(shape)
         if order is not None:   # perf: a shape seen before is replayed without the schedule logic (~3x faster)
             dur = np.stack((np.asarray(f_dur, dtype=float), np.asarray(b_dur, dtype=float)), axis=1).ravel()
-            return PipelineSummary(*replay_in_order(order, pp, vpp, dur, f_release.ravel(), _scratch(len(order) + 1)))
+            return PipelineSummary(*replay_in_order(order, pp, vpp, dur, f_release.ravel(), _scratch(len(order) + 1 + pp)))
         compute_end, last_b_start, bubble, gather_wait, complete, order = pipeline_summary(
             interleaved, pp, vpp, m, warmups(schedule, pp, vpp, m).astype(np.int64),
             np.ascontiguousarray(f_dur, float), np.ascontiguousarray(b_dur, float), f_release)

@@ -19,14 +19,20 @@ from comet.replay import cache
 FWD, BWD = 0, 1
 
 
+def steady_warmup(schedule: str, pp: int, vpp: int) -> int:
+    """1F1B's and interleaved 1F1B's warm-up forwards on stage 0 (the most of any stage) when the
+    micro-batches do not cap them; stage s runs 1 (interleaved: 2) per stage fewer."""
+    if schedule == "interleaved_1f1b" and vpp > 1:
+        return 2 * (pp - 1) + (vpp - 1) * pp
+    return pp - 1
+
+
 def warmups(schedule: str, pp: int, vpp: int, m: int) -> np.ndarray:
     total = m * vpp
-    s = np.arange(pp)
     if schedule == "gpipe":
         return np.full(pp, total)
-    if schedule == "interleaved_1f1b" and vpp > 1:
-        return np.minimum((pp - s - 1) * 2 + (vpp - 1) * pp, total)
-    return np.minimum(pp - s - 1, total)
+    per_stage = 2 if schedule == "interleaved_1f1b" and vpp > 1 else 1
+    return np.minimum(steady_warmup(schedule, pp, vpp) - per_stage * np.arange(pp), total)
 
 
 def all_stage_tasks(schedule: str, pp: int, vpp: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, OpKind, StepGraph
-from comet.replay import cache, pipeline, prefix
+from comet.replay import cache, periodic, pipeline
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
 from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end, stage_tails
@@ -272,10 +272,10 @@ def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.nd
     dur_bits, release_bits = dur.tobytes(), release.tobytes()
 
     def run() -> PipelineSummary:
-        if pipeline.HAVE_NUMBA and cache.enabled:
-            # perf: compiled, a candidate continues the task level of a shorter schedule (fewer
-            # micro-batches) with the same shape and durations (prefix.py: the same figures bit for bit)
-            summary = prefix.summarize(plan.schedule, pp, vpp, m, dur, release, dur_bits, release_bits)
+        if pipeline.HAVE_NUMBA:
+            # perf: compiled, through the schedule's periodic steady state (periodic.py: O(warm-up + drain)
+            # tasks, not O(m x pp); the same function of the durations cached or not)
+            summary = periodic.summarize(plan.schedule, pp, vpp, m, dur, release, dur_bits, release_bits)
         else:
             summary = summarize(plan.schedule, pp, vpp, m, f_dur, b_dur, f_release)
         for a in (summary.compute_end, summary.last_b_start, summary.bubble, summary.gather_wait):

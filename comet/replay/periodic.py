@@ -1,0 +1,132 @@
+"""The task level in O(warm-up + transient + drain) instead of O(micro-batches x stages): 1F1B's steady
+state is periodic, so a schedule's figures are replayed up to where they repeat, then jumped to.
+
+The static-order schedule is a max-plus linear system. Past its warm-up (once every stage's warm-up
+forward count stops growing with the micro-batch count m), the schedule of m + q micro-batches runs the
+tasks of the schedule of m, in the same order, plus one *period* per stage (1F1B: q = 1, the pair F(m),
+B(m - w_s); interleaved: q = pp) before its drain; let x_k be the state after the tasks of each stage's
+prefix in the schedule of k (the tasks before its drain): each stage's clock and the ends of the few
+tasks before it that later tasks read (1F1B: the clock alone; interleaved: the last 3; at most
+_MAX_DEPTH, checked by kernels.position_windows). Then x_{k+q} = Phi(x_k) with the same map Phi for every
+k (checked: the period windows k -> k+q and k+q -> k+2q hold the same task kinds at the same positions
+with the same dependencies; codes hold kinds and positions, not micro-batch numbers). Phi is built of max
+and +, so it is monotone and homogeneous: Phi(x + c) = Phi(x) + c. Hence once x_{k+q} = x_k + lambda (the
+same increment on every entry), x_{k+jq} = x_k + j * lambda for every j, and every period adds the same
+gaps, so the idle sums grow by the same per-stage bubble each period. A schedule of m micro-batches is
+then: the warm window (the prefix of m0, the first count past the warm-up), periods until the increment
+is uniform (the transient: a function of the shape and the durations, not of m), a jump to x_{m-q}, and
+the *tail* (the last period and the drain, whose codes are the same for every m: positions counted from
+the schedule's end).
+
+Exact up to rounding: Phi is nonexpansive in the max norm (||Phi(x) - Phi(y)|| <= ||x - y||), so if the
+measured increments differ from lambda by at most e, every later period's does too, and after J periods
+the clocks are off by at most J * e against the task-by-task replay, i.e. a relative e / lambda of clocks
+about J * lambda. e is a few ulps of the largest clock X and X <= max_span * lambda (both checked), so
+the relative error is below _TOL_ULPS * 2.2e-16 * _MAX_SPAN ~ 1e-12: the rounding the task-by-task sums
+carry anyway is of that order. The per-period bubble is summed from zero over one period (not a
+difference of large sums).
+
+Where this does not apply the whole schedule is replayed (pipeline.summarize; bit for bit the sweep): m
+below m0 + 3q, GPipe (its warm-up grows with m: every forward), a period reading further back than
+_MAX_DEPTH tasks, or no uniform increment before m (cyclicity > 1, or a transient as long as the
+schedule: the periods replayed are then the schedule itself). Tests: tests/replay/test_periodic.py (equal
+to the whole replay at 1e-12 on random shapes and durations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from comet.replay import cache, pipeline
+from comet.replay.kernels import periodic_summary, periodic_transient, position_windows, same_window
+from comet.replay.pipeline import PipelineSummary
+from comet.replay.schedule import steady_warmup, warmups
+
+_TOL_ULPS = 8.0       # increments equal within 8 ulps of the largest clock count as uniform
+_MAX_SPAN = 500.0     # ... while the largest clock is at most 500 periods long: error <= 8 * 2.2e-16 * 500
+_MAX_DEPTH = 4        # a window may read the ends of each stage's last 4 tasks before it (interleaved: 3)
+
+
+def _period(schedule: str, pp: int, vpp: int) -> int:
+    """Micro-batches a period adds: interleaved 1F1B repeats per group of pp micro-batches."""
+    return pp if schedule == "interleaved_1f1b" and vpp > 1 else 1
+
+
+def _first_steady(schedule: str, pp: int, vpp: int, residue: int) -> int | None:
+    """m0: the smallest micro-batch count (congruent to `residue` modulo the period) whose warm-up forward
+    counts are those of every larger count; None for GPipe (its warm-up is every forward)."""
+    if schedule == "gpipe":
+        return None
+    q = _period(schedule, pp, vpp)
+    m0 = max(-(-steady_warmup(schedule, pp, vpp) // vpp), 1)
+    return m0 + (residue - m0) % q
+
+
+def _swept(m0: int, q: int) -> int:
+    """The micro-batches of the short schedule a shape's windows are taken from: the smallest m jumped to."""
+    return m0 + 3 * q
+
+
+def _windows(schedule: str, pp: int, vpp: int, m0: int):
+    """(warm, period, tail) visit orders of the shape, from one pass over the schedule of m0 + 3q
+    micro-batches (the two periods compared end before its last one, which holds a last backward); None
+    where the period structure is not shift-invariant or a period needs more state than the clocks."""
+    q = _period(schedule, pp, vpp)
+    big = _swept(m0, q)
+    interleaved = schedule == "interleaved_1f1b" and vpp > 1
+    warm_up = warmups(schedule, pp, vpp, big).astype(np.int64)
+    # the warm window, two periods, the tail (the last period and the drain): past m0 a stage's prefix
+    # (its tasks before the drain) in the schedule of k micro-batches is 2 k vpp - its warm-up forwards
+    bounds = np.empty((5, pp), dtype=np.int64)
+    bounds[0] = 0
+    for w, k in enumerate((m0, m0 + q, m0 + 2 * q)):
+        bounds[w + 1] = 2 * k * vpp - warm_up
+    bounds[4] = 2 * big * vpp
+    # perf: orders by position, not a sweep, and of the short schedule only (GPT-3 1T, pp 64, m 192: the
+    # windows ~80 us where the sweep of the whole schedule took ~250 us)
+    orders, offsets, flags, depth, last, ok = position_windows(interleaved, pp, vpp, big, warm_up, bounds, _MAX_DEPTH)
+    warm, first, second, tail = (orders[offsets[w]:offsets[w + 1]] for w in range(4))
+    if not (ok and same_window(first, second, pp, vpp) and np.array_equal(last[1, :depth], last[2, :depth])):
+        return None
+    # every release is read in the warm window, every last backward in the tail, none in a period
+    kinds = pp * vpp
+    if flags[0, 1] != kinds or flags[3, 2] != kinds or flags[1, 1] or flags[1, 2]:
+        return None
+    windows = warm.copy(), last[0, :depth].copy(), first.copy(), last[1, :depth].copy(), tail.copy()
+    for a in windows:
+        a.flags.writeable = False
+    return windows
+
+
+def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: np.ndarray, dur_bits: bytes,
+              release_bits: bytes) -> PipelineSummary:
+    """pipeline.summarize (compiled) through the periodic steady state where it applies: a pure function
+    of (schedule, pp, vpp, m, durations, releases), cached or not. dur[(stage * 2 + phase) * vpp +
+    chunk], release[stage * vpp + chunk] (float64, contiguous), and their bytes."""
+    q = _period(schedule, pp, vpp)
+    m0 = _first_steady(schedule, pp, vpp, m % q)
+    by_phase = dur.reshape(pp, 2, vpp)
+    if m0 is None or m < _swept(m0, q):
+        return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+    shape = ("periodic", schedule, pp, vpp, m0)
+    windows = cache.orders.get(shape)
+    if windows is None:
+        windows = _windows(schedule, pp, vpp, m0) or ()
+        cache.orders.put(shape, windows)
+    if not windows:
+        return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+    warm, warm_last, period, period_last, tail = windows
+    periods = (m - q - m0) // q                       # periods from the warm window to the tail
+    end = pipeline._scratch(max(len(warm), len(period), len(tail)) + 1 + len(warm_last) * pp)
+    key = (shape, dur_bits, release_bits)
+    known = cache.transients.get(key)
+    if known is None or known[2] > periods:
+        # a pure function of the shape and durations while a uniform increment appears within `periods`
+        known = periodic_transient(warm, warm_last, period, period_last, pp, vpp, dur, release, end, periods,
+                                   _TOL_ULPS, _MAX_SPAN)
+        if known[3]:
+            known[0].flags.writeable = False
+            cache.transients.put(key, known)
+    state, lam, replayed, _ = known
+    # 0 periods to jump where no uniform increment was found: the periods replayed are the schedule's
+    return PipelineSummary(*periodic_summary(tail, pp, vpp, dur, release, end, state, lam, periods - replayed))
