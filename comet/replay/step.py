@@ -319,26 +319,29 @@ class _TailStatics:
 
 def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
     """kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
-    buckets), per group the bucket readiness terms (head, per layer, whole chunk) and (chunk, layers,
-    buckets, progressive), the tied-embedding stages; None where a group's buckets are not one chunk's
-    buckets ready in bucket order (the generic path sorts them)."""
+    buckets), per group the bucket ready offsets (bucket_ready_offsets, a row of a table) and (chunk,
+    buckets), the tied-embedding stages; None where a group's buckets are not one chunk's buckets ready
+    in bucket order (the generic path sorts them)."""
     group_of = np.full(pp, -1, dtype=np.int64)
-    terms_f, terms_i = [], []
+    offsets_of, group_i = [], []
     for g, (rows, _, st, terms) in enumerate(statics_groups):
         if not st.grad_buckets:
-            terms_f.append((0.0, 0.0, 0.0))
-            terms_i.append((0, 0, 0, 0))
+            offsets_of.append(())
+            group_i.append((0, 0))
             continue
         if terms is None:
             return None
         bs = st.grad_buckets[0]
-        head, per_layer, all_compute, n = terms
-        if (np.diff(_ready_offsets(terms, bs)) < 0).any():   # not ready in bucket order
+        offsets = _ready_offsets(terms, bs)
+        if (offsets[1:] < offsets[:-1]).any():   # not ready in bucket order
             return None
         group_of[rows] = g
-        terms_f.append((head, per_layer, all_compute))
-        terms_i.append((bs.chunk, n, bs.count, int(bs.progressive)))
-    return group_of, np.array(terms_f, dtype=float), np.array(terms_i, dtype=np.int64), np.array(emb, dtype=np.int64)
+        offsets_of.append(offsets)
+        group_i.append((bs.chunk, bs.count))
+    table = np.zeros((len(offsets_of), max(map(len, offsets_of), default=0)))
+    for g, offsets in enumerate(offsets_of):
+        table[g, :len(offsets)] = offsets
+    return group_of, table, np.array(group_i, dtype=np.int64).reshape(-1, 2), np.array(emb, dtype=np.int64)
 
 
 def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -440,9 +443,9 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
-        group_of, terms_f, terms_i, emb = statics.fused
+        group_of, offsets, group_i, emb = statics.fused
         optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
-            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms_f, terms_i, sync_s[0], emb,
+            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, offsets, group_i, sync_s[0], emb,
             sync_s[1], adam, link)
         return StageTails(summary.compute_end, optimizer_start, optimizer_end,
                           _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
