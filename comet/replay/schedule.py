@@ -10,10 +10,9 @@ al. 2019).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
+from comet.config.frozen import replace_fields
 from comet.replay import cache
 
 FWD, BWD = 0, 1
@@ -135,4 +134,4 @@ def task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
     """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
     forward and backward runs (read-only arrays): middle stages all run the same few."""
     # perf: which blocks a task runs does not depend on the micro-batch count or the message size
-    return _task_kinds_shared(replace(plan, num_microbatches=0, p2p_bytes=0.0))
+    return _task_kinds_shared(replace_fields(plan, num_microbatches=0, p2p_bytes=0.0))

@@ -13,7 +13,8 @@ from comet.config.cluster import NetworkDim
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Schedule
 from comet.evaluate import resolve
-from comet.replay import contention, kernels, step as step_mod
+from comet.replay import contention, kernels
+from comet.replay import step as step_mod
 from comet.replay.step import bucket_ready_offsets, replay_step
 from comet.replay.timing import timed_s
 from comet.workload.builder import build_step_graph
