@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -18,7 +19,7 @@ class Activation(str, enum.Enum):
     GEGLU = "geglu"                 # gated: GeLU(x W_gate) * (x W_up) (Shazeer 2020; Gemma)
     SQUARED_RELU = "squared_relu"   # ReLU(x)^2, not gated (So et al. 2021 Primer; Nemotron-4 sec. 2)
 
-    @property
+    @cached_property
     def gated(self) -> bool:
         """Gated MLPs have two input projections (gate and up) of width ffn_hidden each."""
         return self in (Activation.SWIGLU, Activation.GEGLU)
@@ -65,22 +66,25 @@ class ModelSpec:
             raise ConfigError(f"no layer is a MoE layer (dense_layers {self.moe.dense_layers}, layer_freq "
                               f"{self.moe.layer_freq}, layers {self.layers})", field="moe.dense_layers")
 
-    @property
+    # perf: the derived sizes below are read ~20 times per memory estimate and by every cost model; a
+    # frozen spec computes each once (functools.cached_property: kept in the instance, not in eq, hash
+    # or repr; dataclasses.replace builds a new instance without them)
+    @cached_property
     def head_size(self) -> int:
         """Attention head dimension: head_dim when given, else hidden / heads."""
         return self.head_dim if self.head_dim is not None else self.hidden // self.heads
 
-    @property
+    @cached_property
     def q_hidden(self) -> int:
         """Width of the Q projection and of the attention output: heads * head_size."""
         return self.heads * self.head_size
 
-    @property
+    @cached_property
     def kv_hidden(self) -> int:
         """Width of the K (or V) projection: kv_heads * head_dim."""
         return self.kv_heads * self.head_size
 
-    @property
+    @cached_property
     def gated(self) -> bool:
         return self.activation.gated
 
@@ -94,7 +98,7 @@ class ModelSpec:
     def attention_kind(self) -> str:
         return "mla" if self.mla else ("gqa" if self.kv_heads < self.heads else "mha")
 
-    @property
+    @cached_property
     def attention_params(self) -> int:
         """Attention weights of one layer (MLA: DeepSeek-V2 sec. 2.1; else QKV + output projection)."""
         h = self.hidden
@@ -105,7 +109,7 @@ class ModelSpec:
             return q + kv + a * m.v_head_dim * h
         return h * (self.q_hidden + 2 * self.kv_hidden) + self.q_hidden * h
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         """Weights + biases of one dense transformer layer (attention, MLP, two norms)."""
         h, f = self.hidden, self.ffn_hidden

@@ -1,6 +1,7 @@
 """config.frozen.replace_fields builds what dataclasses.replace builds."""
 
 import dataclasses
+import functools
 
 import pytest
 from hypothesis import given, settings
@@ -40,3 +41,16 @@ def test_other_dataclasses_and_unknown_fields():
 
     with pytest.raises(ValueError):   # a class with __post_init__ goes through replace(), which runs it
         replace_fields(Checked(1), x=-1)
+
+
+def test_a_cached_property_is_not_copied():
+    @dataclasses.dataclass(frozen=True)
+    class Derived:
+        x: int
+
+        @functools.cached_property
+        def double(self) -> int:
+            return 2 * self.x
+
+    d = Derived(1)
+    assert d.double == 2 and replace_fields(d, x=5).double == 10
