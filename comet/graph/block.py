@@ -21,6 +21,8 @@ import networkx as nx
 from comet.graph.ir import DepKind, Op
 
 _DATA = DepKind.DATA.value    # the builder's data edges carry the plain string
+# a built block's edge data as content() lists it, by dependency kind (a str Enum equals its value)
+_EDGE_DATA = {dep: (("dep", dep),) for dep in (*DepKind, _DATA)}   # "data": the builder's str
 
 # networkx's per-instance state (DiGraph.__init__): reading any of it builds the graph
 _NX_STATE = ("graph", "_node", "_adj", "_succ", "_pred", "__networkx_cache__")
@@ -98,7 +100,9 @@ def content(g) -> tuple:
         return (tuple(g.nodes(data="op")),
                 tuple((u, v, tuple(sorted(d.items()))) for u, v, d in g.edges(data=True)))
     ops, edges = lists
-    return tuple(enumerate(ops)), tuple((u, v, (("dep", dep),)) for u, v, dep in edges)
+    # perf: the edge data tuples are shared constants, not two new tuples per edge
+    data = _EDGE_DATA
+    return tuple(enumerate(ops)), tuple([(u, v, data.get(dep) or (("dep", dep),)) for u, v, dep in edges])
 
 
 def chain_edges(ops: list[Op], data: list[tuple[int, int]]) -> list[tuple[int, int, str]]:

@@ -34,16 +34,26 @@ SPLIT_K_MIN_SLICE = 256      # no slice shorter than this (4 k-tiles of 64)
 def wave_utilization(m: int, n: int, tile_m: int, tile_n: int, sms: int, split: int = 1) -> float:
     """Fraction of SM-waves doing useful tiles; the library picks the better tile orientation. With a
     k split every output tile is `split` work units."""
-    best = 0.0
+    return _best_utilization(_tile_grids(m, n, tile_m, tile_n), sms, split)
+
+
+def _tile_grids(m: int, n: int, tile_m: int, tile_n: int) -> tuple:
+    """Per tile orientation: (output tiles, useful area / computed area). Partial tiles at the matrix
+    edge also waste work."""
+    grids = []
     for tm, tn in ((tile_m, tile_n), (tile_n, tile_m)):
         # perf: integer ceilings (-(-a // b)): equal to math.ceil(a / b) for the integer shapes here
         # (a quotient a / b < 2**53 is never rounded up to the next integer), without two float divisions
         rows, cols = -(-m // tm), -(-n // tn)
-        tiles = rows * cols * split
-        waves = -(-tiles // sms)
-        # Partial tiles at the matrix edge also waste work: useful area / computed area.
-        area = (m * n) / (rows * tm * cols * tn)
-        u = tiles / (waves * sms) * area
+        grids.append((rows * cols, (m * n) / (rows * tm * cols * tn)))
+    return grids
+
+
+def _best_utilization(grids, sms: int, split: int) -> float:
+    best = 0.0
+    for tiles, area in grids:
+        tiles = tiles * split
+        u = tiles / (-(-tiles // sms) * sms) * area   # -(-tiles // sms): the waves
         if u > best:
             best = u
     return best
@@ -59,16 +69,25 @@ def gemm_time_s(m: int, n: int, k: int, cluster: ClusterSpec, precision: str, dt
     operand_bytes = (m * k + k * n + m * n) * batch * (1 if fp8 else dtype_bytes)
     hbm = gpu.hbm_bandwidth * eff.memory_bound
     best = math.inf
-    # perf: the loop's cluster constants read once (attribute look-ups were a third of its time)
-    tile_m, tile_n, sms, k_half, nb = eff.gemm_tile_m, eff.gemm_tile_n, gpu.sms, eff.gemm_k_half, n * batch
+    # perf: the loop's cluster constants read once (attribute look-ups were a third of its time); the
+    # tile grids do not depend on the split: computed once per GEMM, not once per split tried; min/max
+    # as comparisons (the same choice of operand, without two builtin calls). The float operations are
+    # those of the formula, in its order (tests/hardware/test_compute.py: equal bit for bit).
+    tile_m, tile_n, sms, k_half = eff.gemm_tile_m, eff.gemm_tile_n, gpu.sms, eff.gemm_k_half
+    grids = _tile_grids(m, n * batch, tile_m, tile_n)
+    pe = peak * e
     for split in range(1, MAX_SPLIT_K + 1):
         if split > 1 and k // split < SPLIT_K_MIN_SLICE:
             break
-        u = wave_utilization(m, nb, tile_m, tile_n, sms, split)
+        u = _best_utilization(grids, sms, split)
         k_slice = k / split
-        compute = flops / (peak * e * u * k_slice / (k_slice + k_half))
+        compute = flops / (pe * u * k_slice / (k_slice + k_half))
         partials = (split * m * n * batch * 8) if split > 1 else 0.0   # fp32 partial sums, written + read
-        best = min(best, max(compute, (operand_bytes + partials) / hbm))
+        memory = (operand_bytes + partials) / hbm
+        if memory > compute:
+            compute = memory
+        if compute < best:
+            best = compute
         if u >= 0.95:   # the GPU is already full: more slices only add fixed cost
             break
     return best + eff.kernel_overhead_us * 1e-6

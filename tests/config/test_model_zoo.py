@@ -98,3 +98,20 @@ def test_unknown_model_name_is_a_config_error_listing_the_zoo():
 def test_mixture_of_experts_file_loads_with_its_experts():
     spec = load_model("mixtral_8x7b")
     assert (spec.moe.num_experts, spec.moe.experts_per_token, spec.moe.expert_ffn_hidden) == (8, 2, 14336)
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_cached_sizes_are_invisible_and_follow_replace(name):
+    """ModelSpec's derived sizes are cached on the instance: reading them changes neither equality,
+    hashing nor repr, and a replaced copy computes its own."""
+    import dataclasses
+    model = load_model(name)
+    fresh = load_model(name)
+    derived = ("head_size", "q_hidden", "kv_hidden", "gated", "attention_kind", "attention_params",
+               "layer_params", "embedding_params", "params", "active_params")
+    values = {d: getattr(model, d) for d in derived}
+    assert model == fresh and hash(model) == hash(fresh) and repr(model) == repr(fresh)
+    wider = dataclasses.replace(model, hidden=2 * model.hidden, head_dim=model.head_size)
+    assert wider.layer_params != values["layer_params"]
+    assert wider.layer_params == dataclasses.replace(fresh, hidden=2 * fresh.hidden, head_dim=fresh.head_size).layer_params
+    assert {d: getattr(model, d) for d in derived} == values

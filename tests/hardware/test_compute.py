@@ -61,3 +61,43 @@ def test_wave_utilization_integer_ceilings_equal_the_float_formula_bit_for_bit()
         assert wave_utilization(*args) == _wave_utilization_by_float_ceil(*args)
         # shapes read from a CSV may be floats
         assert wave_utilization(float(m), float(n), *args[2:]) == _wave_utilization_by_float_ceil(float(m), float(n), *args[2:])
+
+
+def _gemm_time_by_formula(m, n, k, cluster, precision, dtype_bytes=2, batch=1):
+    """gemm_time_s as first written (wave_utilization per split, min / max): the reference for the
+    form that computes the tile grids once per GEMM."""
+    import math
+    from comet.hardware.compute import MAX_SPLIT_K, SPLIT_K_MIN_SLICE
+    gpu, eff = cluster.gpu, cluster.efficiency
+    fp8 = precision == "fp8"
+    peak = gpu.peak_flops("fp8" if fp8 else ("bf16" if "bf16" in gpu.peak_tflops else precision))
+    e = eff.gemm_fp8 if fp8 else eff.gemm
+    flops = 2.0 * m * n * k * batch
+    operand_bytes = (m * k + k * n + m * n) * batch * (1 if fp8 else dtype_bytes)
+    hbm = gpu.hbm_bandwidth * eff.memory_bound
+    best = math.inf
+    for split in range(1, MAX_SPLIT_K + 1):
+        if split > 1 and k // split < SPLIT_K_MIN_SLICE:
+            break
+        u = _wave_utilization_by_float_ceil(m, n * batch, eff.gemm_tile_m, eff.gemm_tile_n, gpu.sms, split)
+        k_slice = k / split
+        compute = flops / (peak * e * u * k_slice / (k_slice + eff.gemm_k_half))
+        partials = (split * m * n * batch * 8) if split > 1 else 0.0
+        best = min(best, max(compute, (operand_bytes + partials) / hbm))
+        if u >= 0.95:
+            break
+    return best + eff.kernel_overhead_us * 1e-6
+
+
+def test_gemm_time_equals_the_formula_bit_for_bit(h100, a100):
+    import random
+    rng = random.Random(16)
+    for _ in range(3000):
+        m, n, k = (rng.randint(1, 1 << rng.randint(1, 17)) for _ in range(3))
+        cluster = rng.choice((h100, a100))
+        args = (m, n, k, cluster, rng.choice(tuple(cluster.gpu.peak_tflops)), rng.choice((1, 2, 4)),
+                rng.choice((1, 1, 2, 7)))
+        assert gemm_time_s(*args) == _gemm_time_by_formula(*args)
+        # shapes read from a CSV may be floats
+        floats = (float(m), float(n), float(k)) + args[3:]
+        assert gemm_time_s(*floats) == _gemm_time_by_formula(*floats)
