@@ -92,7 +92,10 @@ class StepReplay:
         needs only the per-stage summary."""
         if self._tasks is None:
             plan = self.plan
-            self._tasks = run_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, *self.task_durations)
+            # writable copies: the durations are shared read-only arrays (a compiled kernel is typed by
+            # the arrays' writability; these are the types it is compiled for)
+            durations = (np.array(a, dtype=float) for a in self.task_durations)
+            self._tasks = run_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, *durations)
         return self._tasks
 
     @property
@@ -134,7 +137,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
     sends = {stride: plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)
              for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
 
-    def per_kind() -> tuple[np.ndarray, list]:
+    def per_kind() -> tuple:
         parts_of, dur_of = [], []
         for keys, stride in kinds:
             parts = dict(_blocks_parts(keys, blocks))
@@ -142,13 +145,16 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
                 parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + sends[stride]
             parts_of.append(parts)
             dur_of.append(sum(parts.values()))
-        return np.array(dur_of), parts_of
+        dur_of = np.array(dur_of)
+        f_dur, b_dur = dur_of[f_kind], dur_of[b_kind]
+        f_dur.flags.writeable = b_dur.flags.writeable = False   # shared: read-only from here on
+        return f_dur, b_dur, TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
     # perf: a task kind's parts are read from its BlockTimings (shared objects from cache.replays: clusters
-    # that time a block alike give the same object) and the send; the key holds the objects, so ids stay unique
-    dur_of, parts_of = cache.facts.get_or(
-        ("task kind parts", cache.object_key(kinds), blocks_key, tuple(sends.items())), per_kind)
-    return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
+    # that time a block alike give the same object) and the send; the key holds the objects, so ids stay
+    # unique. The (stage, chunk) durations and parts tables are shared too (read-only; `kinds` holds the
+    # kind arrays), and with them the rows TaskParts builds for the breakdown.
+    return cache.facts.get_or(("task kind parts", cache.object_key(kinds), blocks_key, tuple(sends.items())), per_kind)
 
 
 def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_replays: bool) -> tuple[dict, tuple]:
