@@ -197,6 +197,8 @@ _memoized: list = []                # lru_cache'd structure functions registered
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _cluster_keys: dict[int, tuple[Any, dict]] = {}
+_object_keys: dict[int, tuple] = {}   # id -> object_key's tuple (holds the object: bounded)
+_OBJECT_KEYS = 256
 
 
 class Signature:
@@ -314,7 +316,15 @@ def stage_config(par):
 def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""
-    return (id(obj), _Held(obj))
+    # perf (i16g-glue): one key tuple per object while it is in use, so a look-up's key is the stored
+    # key's own tuple (compared by identity, not through _Held.__eq__) and no holder is built per call;
+    # bounded (a dropped tuple is rebuilt equal)
+    key = _object_keys.get(id(obj))
+    if key is None or key[1].obj is not obj:
+        if len(_object_keys) >= _OBJECT_KEYS:
+            _object_keys.clear()
+        key = _object_keys[id(obj)] = (id(obj), _Held(obj))
+    return key
 
 
 def objects_key(objs: tuple) -> tuple:
@@ -372,6 +382,7 @@ def clear() -> None:
         fn.cache_clear()
     _signatures.clear()
     _cluster_keys.clear()
+    _object_keys.clear()
 
 
 def stats() -> dict[str, tuple[int, int, int]]:
