@@ -34,5 +34,8 @@ def replace_fields(obj: T, **changes) -> T:
     new = object.__new__(cls)
     state = new.__dict__
     state.update(obj.__dict__)
+    if len(state) != len(fields):   # values kept beside the fields (a cached hash): not the new object's
+        for name in [name for name in state if name not in fields]:
+            del state[name]
     state.update(changes)
     return new

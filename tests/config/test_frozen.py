@@ -54,3 +54,16 @@ def test_a_cached_property_is_not_copied():
 
     d = Derived(1)
     assert d.double == 2 and replace_fields(d, x=5).double == 10
+
+
+def test_parallel_config_keeps_its_hash_out_of_pickles_copies_and_replaced_objects():
+    import copy
+    import pickle
+
+    par = ParallelConfig(global_batch=64, tp=2, pp=2, gpus=16, recompute=Recompute.FULL)
+    fields = tuple(getattr(par, f.name) for f in dataclasses.fields(par))
+    assert hash(par) == hash(fields) and hash(par) == hash(par)   # the generated hash's value, kept
+    for other in (pickle.loads(pickle.dumps(par)), copy.copy(par), copy.deepcopy(par), replace_fields(par, zero=1)):
+        assert "_hash" not in vars(other)
+    assert hash(replace_fields(par, zero=1)) == hash(dataclasses.replace(par, zero=1))
+    assert pickle.loads(pickle.dumps(par)) == par and repr(copy.copy(par)) == repr(par)
