@@ -147,8 +147,8 @@ class ParallelConfig:
     # ------------------------------------------------------------------ hash
     # perf (i16g-glue): a configuration keys ~5 cache look-ups per candidate; the dataclass's hash walks
     # its ~45 fields in Python (~1 us) on each. The same value (the hash of the fields' tuple, as the
-    # generated __hash__ computes it) is kept in the instance once computed; it is left out of pickles
-    # and copies (string hashes differ between processes).
+    # generated __hash__ computes it) is kept in the instance once computed (as is label()); pickles and
+    # copies carry the fields only (string hashes differ between processes).
     def __hash__(self) -> int:
         state = self.__dict__
         h = state.get("_hash")
@@ -157,9 +157,8 @@ class ParallelConfig:
         return h
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_hash", None)
-        return state
+        state = self.__dict__
+        return {name: state[name] for name in _FIELD_NAMES}
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -296,6 +295,14 @@ class ParallelConfig:
         check_expert_parallel(self, model)
 
     def label(self) -> str:
+        """The design's short name, e.g. tp8-pp64-dp8-mb1-selective-z1-bf16 (kept once computed: every
+        result of the configuration carries it)."""
+        label = self.__dict__.get("_label")
+        if label is None:
+            label = self.__dict__["_label"] = self._label()
+        return label
+
+    def _label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")

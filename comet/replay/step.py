@@ -542,8 +542,9 @@ def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_part
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     out["exposed_dp"] += float(summary.gather_wait[s])
     out["pipeline_bubble"] += float(summary.bubble[s])
-    for c in range(len(f_parts[s])):
-        for parts in (f_parts[s][c], b_parts[s][c]):
+    f_row, b_row = f_parts[s], b_parts[s]
+    for c in range(len(f_row)):
+        for parts in (f_row[c], b_row[c]):
             for k, v in parts.items():
                 out[k] += m * v
     out["pipeline_bubble"] += tail.partner_wait

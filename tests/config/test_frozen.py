@@ -67,3 +67,10 @@ def test_parallel_config_keeps_its_hash_out_of_pickles_copies_and_replaced_objec
         assert "_hash" not in vars(other)
     assert hash(replace_fields(par, zero=1)) == hash(dataclasses.replace(par, zero=1))
     assert pickle.loads(pickle.dumps(par)) == par and repr(copy.copy(par)) == repr(par)
+
+
+def test_parallel_config_label_kept_and_not_carried():
+    par = ParallelConfig(global_batch=64, tp=2, pp=2, gpus=16, dp=4)
+    assert par.label() == par.label() == "tp2-pp2-dp4-mb1-none-z1-bf16"
+    other = replace_fields(par, dp=8)
+    assert other.label() == "tp2-pp2-dp8-mb1-none-z1-bf16" == dataclasses.replace(par, dp=8).label()
