@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
+from comet.config.frozen import replace_fields
 from comet.config.loader import positive
 from comet.config.model import ModelSpec
 from comet.config.moe import Dispatcher, check_expert_parallel
@@ -143,6 +144,22 @@ class ParallelConfig:
     pp_embedding_as_layer: bool = False
     pp_loss_as_layer: bool = False
 
+    # ------------------------------------------------------------------ hash
+    # perf (i16g-glue): a configuration keys ~5 cache look-ups per candidate; the dataclass's hash walks
+    # its ~45 fields in Python (~1 us) on each. The same value (the hash of the fields' tuple, as the
+    # generated __hash__ computes it) is kept in the instance once computed (as is label()); pickles and
+    # copies carry the fields only (string hashes differ between processes).
+    def __hash__(self) -> int:
+        state = self.__dict__
+        h = state.get("_hash")
+        if h is None:
+            h = state["_hash"] = hash(tuple([state[name] for name in _FIELD_NAMES]))
+        return h
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__
+        return {name: state[name] for name in _FIELD_NAMES}
+
     # ------------------------------------------------------------------ derived values
     @property
     def sp(self) -> bool:
@@ -194,7 +211,7 @@ class ParallelConfig:
     def resolve(self, model: ModelSpec) -> "ParallelConfig":
         """Derive dp / sequence parallelism and check every rule. Raises ConfigError naming the rule."""
         cfg = self
-        derived = {}    # perf: one replace() for both derived fields (each rebuilds ~40 fields)
+        derived = {}    # perf: both derived fields set at once, without re-running __init__ (config/frozen.py)
         if cfg.sequence_parallel is None:
             derived["sequence_parallel"] = cfg.tp > 1
         if cfg.dp is None:
@@ -206,11 +223,11 @@ class ParallelConfig:
                                   field="gpus")
             derived["dp"] = cfg.gpus // denom
         if derived:
-            cfg = replace(cfg, **derived)
+            cfg = replace_fields(cfg, **derived)
         if cfg.dp < 1:
             raise ConfigError(f"must be >= 1, got {cfg.dp}", field="dp")
         if cfg.gpus is None:
-            cfg = replace(cfg, gpus=cfg.world)
+            cfg = replace_fields(cfg, gpus=cfg.world)
         cfg.check(model)
         return cfg
 
@@ -278,6 +295,14 @@ class ParallelConfig:
         check_expert_parallel(self, model)
 
     def label(self) -> str:
+        """The design's short name, e.g. tp8-pp64-dp8-mb1-selective-z1-bf16 (kept once computed: every
+        result of the configuration carries it)."""
+        label = self.__dict__.get("_label")
+        if label is None:
+            label = self.__dict__["_label"] = self._label()
+        return label
+
+    def _label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -308,3 +333,6 @@ class ParallelConfig:
         recompute = "+".join([self.recompute.value] + [m.value for m in self.recompute_modules])
         parts += [f"mb{self.micro_batch}", recompute, f"z{self.zero}", self.precision.value]
         return "-".join(parts)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(ParallelConfig))   # what the dataclass's hash reads, in order

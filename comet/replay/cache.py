@@ -18,14 +18,13 @@ Caches are LRU-bounded (a few MB) and live per process (per Ray worker). `clear(
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import replace
 from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable
 
+from comet.config.frozen import replace_fields
 from comet.graph.block import block_lists, content as block_content, content_hash, lists_content
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
@@ -35,12 +34,85 @@ _BLOCK_SETS = 128                  # builder blocks of one configuration: ~100 K
 
 
 class LRU:
-    """A dict bounded to `size` entries, least recently used evicted first."""
+    """A dict bounded to `size` entries, least recently used evicted first (in batches of a quarter
+    of `size`: an eviction pass sorts the entries by their last use)."""
+
+    # perf (i16g-glue): a hit hashes and compares its key once. An OrderedDict moves the entry to its end
+    # on every hit, which hashes the key again (a tuple of configurations and identity holders: ~1-3 us
+    # of Python-level __hash__ / __eq__); here a hit stamps the entry with a use counter instead, and
+    # the least recently used quarter is dropped in one pass when the cache is full (~2 us amortized
+    # per insert at 8,192 entries). Which entries are evicted never changes a value (a miss recomputes).
 
     def __init__(self, size: int):
         self.size = size
-        self._d: OrderedDict = OrderedDict()
+        self._d: dict = {}          # key -> [value, last use]
+        self._clock = 0
         self.hits = self.misses = 0
+
+    def get_or(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        if not enabled:
+            return compute()
+        entry = self._d.get(key)
+        if entry is not None:
+            self.hits += 1
+            self._clock += 1
+            entry[1] = self._clock
+            return entry[0]
+        self.misses += 1
+        value = compute()
+        self._insert(key, value)
+        return value
+
+    def get(self, key: Hashable) -> Any:
+        """The value, or None when absent (or caching is disabled)."""
+        entry = self._d.get(key) if enabled else None
+        if entry is None or entry[0] is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._clock += 1
+        entry[1] = self._clock
+        return entry[0]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if enabled:
+            self._insert(key, value)
+
+    add = put    # the value of a key that get() just missed (_OrderedLRU's add skips its move_to_end)
+
+    def _insert(self, key: Hashable, value: Any) -> None:
+        self._clock += 1
+        self._d[key] = [value, self._clock]
+        if len(self._d) > self.size:
+            self._evict(len(self._d) - max(self.size - self.size // 4, 1))
+
+    def _evict(self, n: int) -> None:
+        """Drop the `n` least recently used entries."""
+        d = self._d
+        for key, _ in sorted(d.items(), key=lambda kv: kv[1][1])[:n]:
+            del d[key]
+
+    def clear(self) -> None:
+        self._d.clear()
+        self.hits = self.misses = 0
+
+    def items(self) -> list:
+        """(key, value) pairs, least recently used first (not counted as uses)."""
+        if not enabled:
+            return []
+        return [(k, e[0]) for k, e in sorted(self._d.items(), key=lambda kv: kv[1][1])]
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class _OrderedLRU(LRU):
+    """LRU on an OrderedDict (an entry moved to the end on use): the byte-bounded caches below, whose
+    entries are few and large (and whose values tests read from `_d`)."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self._d: OrderedDict = OrderedDict()
 
     def get_or(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         if not enabled:
@@ -59,7 +131,6 @@ class LRU:
         return value
 
     def get(self, key: Hashable) -> Any:
-        """The value, or None when absent (or caching is disabled)."""
         value = self._d.get(key) if enabled else None
         if value is None:
             self.misses += 1
@@ -83,19 +154,11 @@ class LRU:
             while len(self._d) > self.size:
                 self._d.popitem(last=False)
 
-    def clear(self) -> None:
-        self._d.clear()
-        self.hits = self.misses = 0
-
     def items(self) -> list:
-        """(key, value) pairs, least recently used first (not counted as uses)."""
         return list(self._d.items()) if enabled else []
 
-    def __len__(self) -> int:
-        return len(self._d)
 
-
-class BytesLRU(LRU):
+class BytesLRU(_OrderedLRU):
     """An LRU bounded by the bytes of its numpy values (large arrays of varying size)."""
 
     def __init__(self, budget_bytes: int, size: int):
@@ -144,6 +207,8 @@ _memoized: list = []                # lru_cache'd structure functions registered
 
 _signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _cluster_keys: dict[int, tuple[Any, dict]] = {}
+_object_keys: dict[int, tuple] = {}   # id -> object_key's tuple (holds the object: bounded)
+_OBJECT_KEYS = 256
 
 
 class Signature:
@@ -283,24 +348,31 @@ def block_config(par):
     comet/workload/layers.py).
     Candidates of a search that differ in these share their blocks. tests/replay/test_cache.py checks on random configurations that equal
     keys build equal blocks, so a builder that starts to read one of these fields fails it."""
-    return replace(par, global_batch=1, gpus=None, dp=par.dp if par.per_module_dp_collectives else None, pp=1, vpp=1,
-                   schedule=None)
+    # perf: a key, never a configuration to run: the fields set without re-running __init__ (config/frozen.py)
+    return replace_fields(par, global_batch=1, gpus=None, dp=par.dp if par.per_module_dp_collectives else None, pp=1,
+                          vpp=1, schedule=None)
 
 
 def stage_config(par):
     """The parallel configuration without the global batch, which only the pipeline plan reads (its
     micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py).
     A key, never a configuration to run."""
-    # perf: a copy with one field set (~5 us) instead of dataclasses.replace, which re-runs __init__ (~22 us)
-    key = copy.copy(par)
-    object.__setattr__(key, "global_batch", 1)
-    return key
+    # perf: the field set without re-running __init__ (config/frozen.py)
+    return replace_fields(par, global_batch=1)
 
 
 def object_key(obj) -> tuple:
     """Identity key of a large read-only input (a study's base graph): the object is held by the
     key, so its id is not reused while a cache entry lives."""
-    return (id(obj), _Held(obj))
+    # perf (i16g-glue): one key tuple per object while it is in use, so a look-up's key is the stored
+    # key's own tuple (compared by identity, not through _Held.__eq__) and no holder is built per call;
+    # bounded (a dropped tuple is rebuilt equal)
+    key = _object_keys.get(id(obj))
+    if key is None or key[1].obj is not obj:
+        if len(_object_keys) >= _OBJECT_KEYS:
+            _object_keys.clear()
+        key = _object_keys[id(obj)] = (id(obj), _Held(obj))
+    return key
 
 
 def objects_key(objs: tuple) -> tuple:
@@ -358,6 +430,7 @@ def clear() -> None:
         fn.cache_clear()
     _signatures.clear()
     _cluster_keys.clear()
+    _object_keys.clear()
 
 
 def stats() -> dict[str, tuple[int, int, int]]:

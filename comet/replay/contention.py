@@ -47,17 +47,18 @@ def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
     return len(cluster.network) > 1 and inner > 0 and distance >= inner
 
 
-def _block_nic_s(g, cluster: ClusterSpec, timed) -> float:
-    """Seconds one rank's NIC carries this block's communication (the busiest rank of the block)."""
+def _block_nic_s(g, cluster: ClusterSpec, timed, crosses=crosses_nic) -> float:
+    """Seconds one rank's NIC carries this block's communication (the busiest rank of the block).
+    `crosses(size, stride, cluster)`: crosses_nic, or a memo of it."""
     per_rank: dict[int, float] = {}
     for op in block_ops(g):
         if not op.is_comm:
             continue
         if op.collective is not None:
             # a collective leaving the domain is paced by its NIC hop (pipelined ring / tree)
-            if crosses_nic(op.group_size, op.group_stride, cluster):
+            if crosses(op.group_size, op.group_stride, cluster):
                 per_rank[op.rank] = per_rank.get(op.rank, 0.0) + timed(op)
-        elif _p2p_crosses(op.group_stride, cluster) or crosses_nic(op.group_size, op.group_stride, cluster):
+        elif _p2p_crosses(op.group_stride, cluster) or crosses(op.group_size, op.group_stride, cluster):
             # a send to a peer in another domain, or a ring exchange (CP) whose ring spans domains: the
             # ranks at a domain's edge send through their NIC; the busiest rank is one of them
             nic_distance = max(op.group_stride, cluster.network[0].size)
@@ -116,21 +117,34 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     # placement; clusters that differ in compute, memory or prices share them
     ckey = cache.network_key(cluster)
 
+    crossing: dict = {}
+
+    def crosses(size: int, stride: int, cluster: ClusterSpec) -> bool:
+        # perf: a block's collectives repeat a few (size, stride): group_span once each
+        hit = crossing.get((size, stride))
+        if hit is None:
+            hit = crossing[size, stride] = crosses_nic(size, stride, cluster)
+        return hit
+
     def block_nic(key: str) -> float:
         g = graph.blocks[key]
         # a block's NIC load depends only on its content, the cluster and the precision
         return cache.durations.get_or(("NIC seconds", cache.block_signature(g), ckey, precision),
-                                      lambda: _block_nic_s(g, cluster, timed))
+                                      lambda: _block_nic_s(g, cluster, timed, crosses))
 
     def per_kind() -> np.ndarray:
-        kind_nic = np.zeros(len(kinds))
-        of_block = {key: block_nic(key) for keys, _ in kinds for key in dict.fromkeys(keys)}
-        for k, (keys, stride) in enumerate(kinds):
+        # perf: each distinct block looked up once (kinds repeat them), sums in Python floats (the same
+        # additions, in the same order, as numpy's element updates)
+        of_block = {key: block_nic(key) for key in dict.fromkeys(key for keys, _ in kinds for key in keys)}
+        kind_nic = []
+        for keys, stride in kinds:
+            total = 0.0
             for key in keys:
-                kind_nic[k] += of_block[key]
+                total += of_block[key]
             if stride is not None and _p2p_crosses(stride, cluster):
-                kind_nic[k] += p2p_s(plan.p2p_bytes, stride, cluster)
-        return kind_nic
+                total += p2p_s(plan.p2p_bytes, stride, cluster)
+            kind_nic.append(total)
+        return np.array(kind_nic, dtype=float)
 
     # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
     kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,

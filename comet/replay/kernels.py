@@ -630,31 +630,45 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
 
 @njit(cache=True, nogil=True)
 def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: np.ndarray, rate: np.ndarray,
-                group_of: np.ndarray, terms_f: np.ndarray, terms_i: np.ndarray, g_dur: np.ndarray,
+                group_of: np.ndarray, offsets: np.ndarray, group_i: np.ndarray, g_dur: np.ndarray,
                 emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
     """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
-    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; terms_f[g] = (head, per
-    layer, whole chunk) backward seconds, terms_i[g] = (chunk, layers, buckets, progressive), g_dur[g] a
-    bucket's seconds): the DP stream on the shared port (shared_bucket_stream's arithmetic), the
-    tied-embedding all-reduce of stages `emb` (it starts when both ends are ready), the optimizer
-    (step._tails' arithmetic, in the same order). Returns (optimizer_start, optimizer_end,
-    partner_wait, offload) per stage."""
+    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; offsets[g, :count] =
+    step.bucket_ready_offsets of the group's chunk, group_i[g] = (chunk, count), g_dur[g] a bucket's
+    seconds): the DP stream on the shared port (_port_end's arithmetic), the tied-embedding all-reduce
+    of stages `emb` (it starts when both ends are ready), the optimizer (step._tails' arithmetic, in the
+    same order). Returns (optimizer_start, optimizer_end, partner_wait, offload) per stage."""
     pp = compute_end.shape[0]
     dp_end = gather_end.copy()
+    # perf (i16g-glue): the stream of one stage is a chain of dependent float operations (latency-bound,
+    # ~5 ns a bucket); walking the buckets in the outer loop and the stages in the inner one runs the
+    # stages' independent chains side by side. Each stage's own operations and their order are those of
+    # _port_end; the bucket's seconds at the contended rate (need / rate, the same float) are divided
+    # once per stage and the offsets read from a table.
+    start = np.empty(pp)
+    need_at_rate = np.empty(pp)
+    buckets = 0
     for s in range(pp):
         g = group_of[s]
-        if g < 0:
-            continue
-        n, count, progressive = terms_i[g, 1], terms_i[g, 2], terms_i[g, 3] != 0
-        start = last_b_start[s, terms_i[g, 0]]
-        prev = gather_end[s]
-        for k in range(count):
-            if progressive and n > 0 and k < count - 1:
-                offset = terms_f[g, 0] + np.ceil(((k + 1) * n) / count) * terms_f[g, 1]
-            else:
-                offset = terms_f[g, 2]
-            prev = _port_end(start + offset, prev, compute_end[s], rate[s], g_dur[g])
-        dp_end[s] = prev
+        if g >= 0:
+            start[s] = last_b_start[s, group_i[g, 0]]
+            need_at_rate[s] = g_dur[g] / rate[s]
+            if group_i[g, 1] > buckets:
+                buckets = group_i[g, 1]
+    for k in range(buckets):
+        for s in range(pp):
+            g = group_of[s]
+            if g < 0 or k >= group_i[g, 1]:
+                continue
+            need, window_end, r, prev = g_dur[g], compute_end[s], rate[s], dp_end[s]
+            ready = start[s] + offsets[g, k]
+            begin = ready if ready > prev else prev
+            shared = window_end - begin
+            shared = 0.0 if shared < 0.0 else shared
+            done_in_window = shared * r
+            within = begin + need_at_rate[s]                    # both computed: a select, not a branch
+            after = begin + shared + (need - done_in_window)
+            dp_end[s] = within if need <= done_in_window else after
     partner_wait = np.zeros(pp)
     if emb.shape[0] > 0:
         both = -np.inf

@@ -92,7 +92,10 @@ class StepReplay:
         needs only the per-stage summary."""
         if self._tasks is None:
             plan = self.plan
-            self._tasks = run_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, *self.task_durations)
+            # writable copies: the durations are shared read-only arrays (a compiled kernel is typed by
+            # the arrays' writability; these are the types it is compiled for)
+            durations = (np.array(a, dtype=float) for a in self.task_durations)
+            self._tasks = run_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, *durations)
         return self._tasks
 
     @property
@@ -134,7 +137,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
     sends = {stride: plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)
              for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
 
-    def per_kind() -> tuple[np.ndarray, list]:
+    def per_kind() -> tuple:
         parts_of, dur_of = [], []
         for keys, stride in kinds:
             parts = dict(_blocks_parts(keys, blocks))
@@ -142,13 +145,16 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
                 parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + sends[stride]
             parts_of.append(parts)
             dur_of.append(sum(parts.values()))
-        return np.array(dur_of), parts_of
+        dur_of = np.array(dur_of)
+        f_dur, b_dur = dur_of[f_kind], dur_of[b_kind]
+        f_dur.flags.writeable = b_dur.flags.writeable = False   # shared: read-only from here on
+        return f_dur, b_dur, TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
     # perf: a task kind's parts are read from its BlockTimings (shared objects from cache.replays: clusters
-    # that time a block alike give the same object) and the send; the key holds the objects, so ids stay unique
-    dur_of, parts_of = cache.facts.get_or(
-        ("task kind parts", cache.object_key(kinds), blocks_key, tuple(sends.items())), per_kind)
-    return dur_of[f_kind], dur_of[b_kind], TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
+    # that time a block alike give the same object) and the send; the key holds the objects, so ids stay
+    # unique. The (stage, chunk) durations and parts tables are shared too (read-only; `kinds` holds the
+    # kind arrays), and with them the rows TaskParts builds for the breakdown.
+    return cache.facts.get_or(("task kind parts", cache.object_key(kinds), blocks_key, tuple(sends.items())), per_kind)
 
 
 def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_replays: bool) -> tuple[dict, tuple]:
@@ -319,26 +325,29 @@ class _TailStatics:
 
 def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
     """kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
-    buckets), per group the bucket readiness terms (head, per layer, whole chunk) and (chunk, layers,
-    buckets, progressive), the tied-embedding stages; None where a group's buckets are not one chunk's
-    buckets ready in bucket order (the generic path sorts them)."""
+    buckets), per group the bucket ready offsets (bucket_ready_offsets, a row of a table) and (chunk,
+    buckets), the tied-embedding stages; None where a group's buckets are not one chunk's buckets ready
+    in bucket order (the generic path sorts them)."""
     group_of = np.full(pp, -1, dtype=np.int64)
-    terms_f, terms_i = [], []
+    offsets_of, group_i = [], []
     for g, (rows, _, st, terms) in enumerate(statics_groups):
         if not st.grad_buckets:
-            terms_f.append((0.0, 0.0, 0.0))
-            terms_i.append((0, 0, 0, 0))
+            offsets_of.append(())
+            group_i.append((0, 0))
             continue
         if terms is None:
             return None
         bs = st.grad_buckets[0]
-        head, per_layer, all_compute, n = terms
-        if (np.diff(_ready_offsets(terms, bs)) < 0).any():   # not ready in bucket order
+        offsets = _ready_offsets(terms, bs)
+        if (offsets[1:] < offsets[:-1]).any():   # not ready in bucket order
             return None
         group_of[rows] = g
-        terms_f.append((head, per_layer, all_compute))
-        terms_i.append((bs.chunk, n, bs.count, int(bs.progressive)))
-    return group_of, np.array(terms_f, dtype=float), np.array(terms_i, dtype=np.int64), np.array(emb, dtype=np.int64)
+        offsets_of.append(offsets)
+        group_i.append((bs.chunk, bs.count))
+    table = np.zeros((len(offsets_of), max(map(len, offsets_of), default=0)))
+    for g, offsets in enumerate(offsets_of):
+        table[g, :len(offsets)] = offsets
+    return group_of, table, np.array(group_i, dtype=np.int64).reshape(-1, 2), np.array(emb, dtype=np.int64)
 
 
 def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -440,9 +449,9 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
-        group_of, terms_f, terms_i, emb = statics.fused
+        group_of, offsets, group_i, emb = statics.fused
         optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
-            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms_f, terms_i, sync_s[0], emb,
+            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, offsets, group_i, sync_s[0], emb,
             sync_s[1], adam, link)
         return StageTails(summary.compute_end, optimizer_start, optimizer_end,
                           _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
@@ -533,8 +542,9 @@ def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_part
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     out["exposed_dp"] += float(summary.gather_wait[s])
     out["pipeline_bubble"] += float(summary.bubble[s])
-    for c in range(len(f_parts[s])):
-        for parts in (f_parts[s][c], b_parts[s][c]):
+    f_row, b_row = f_parts[s], b_parts[s]
+    for c in range(len(f_row)):
+        for parts in (f_row[c], b_row[c]):
             for k, v in parts.items():
                 out[k] += m * v
     out["pipeline_bubble"] += tail.partner_wait

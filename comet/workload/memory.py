@@ -17,10 +17,11 @@ A configuration that does not fit is a result (fits=False, reason), never an exc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from comet.config.cluster import ClusterSpec
 from comet.config.model import ModelSpec
+from comet.config.frozen import replace_fields
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule, SelectivePolicy
 from comet.workload import recompute_modules
 from comet.workload.moe import (dispatcher_buffer_bytes, moe_layer_activation_bytes, stage_dense_layer_params,
@@ -158,13 +159,21 @@ def activation_bytes_per_layer(model: ModelSpec, par: ParallelConfig, moe_layer:
     return kept - recompute_modules.freed_bytes(model, par, moe_layer)
 
 
-def stage_layer_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
-    """Saved activations of all of a stage's layers for one micro-batch (MoE and dense layers differ)."""
+def stage_layer_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int,
+                                 per_layer: tuple[float, float] | None = None) -> float:
+    """Saved activations of all of a stage's layers for one micro-batch (MoE and dense layers differ).
+    `per_layer`: (dense, MoE) activation_bytes_per_layer where the caller has them (MoE: None for dense
+    models)."""
+    dense, sparse = per_layer or _per_layer_bytes(model, par)
     if model.moe is None:
-        return par.stage_layers(model, stage) * activation_bytes_per_layer(model, par)
-    dense = activation_bytes_per_layer(model, par)
-    sparse = activation_bytes_per_layer(model, par, moe_layer=True)
+        return par.stage_layers(model, stage) * dense
     return sum(sparse if model.is_moe_layer(i) else dense for i in stage_layer_indices(model, par, stage))
+
+
+def _per_layer_bytes(model: ModelSpec, par: ParallelConfig) -> tuple[float, float | None]:
+    """activation_bytes_per_layer of a dense layer and (MoE models) of an expert layer."""
+    return (activation_bytes_per_layer(model, par),
+            activation_bytes_per_layer(model, par, moe_layer=True) if model.moe is not None else None)
 
 
 def _policy_saved_bytes(model: ModelSpec, par: ParallelConfig) -> float:
@@ -185,7 +194,7 @@ def _recompute_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     if par.recompute is Recompute.NONE or (par.recompute is Recompute.SELECTIVE
                                            and par.selective_policy is SelectivePolicy.ATTENTION):
         return 0.0
-    return activation_bytes_per_layer(model, replace(par, recompute=Recompute.NONE), moe_layer=model.moe is not None)
+    return activation_bytes_per_layer(model, replace_fields(par, recompute=Recompute.NONE), moe_layer=model.moe is not None)
 
 
 def in_flight_microbatches(par: ParallelConfig, stage: int) -> float:
@@ -324,14 +333,16 @@ class _Stage:
                 + sum(self.experts) + self.dispatch)
 
 
-def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int) -> _Stage:
-    """Bytes per GPU of one pipeline stage, with offload moving parts to the expansion tier."""
+def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int, layer_bytes: tuple[float, float | None],
+                  fixed_acts: float) -> _Stage:
+    """Bytes per GPU of one pipeline stage, with offload moving parts to the expansion tier.
+    `layer_bytes`: _per_layer_bytes; `fixed_acts`: _recompute_working_bytes (both the same on every stage)."""
     weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
     in_flight = in_flight_microbatches(par, stage)
-    per_layer = activation_bytes_per_layer(model, par, moe_layer=model.moe is not None)
-    layer_acts = in_flight * stage_layer_activation_bytes(model, par, stage)
+    per_layer = layer_bytes[1] if model.moe is not None else layer_bytes[0]
+    layer_acts = in_flight * stage_layer_activation_bytes(model, par, stage, layer_bytes)
     experts = _expert_state_bytes(model, par, stage)
-    fixed_acts = _edge_activation_bytes(model, par, stage) + _recompute_working_bytes(model, par)
+    fixed_acts = _edge_activation_bytes(model, par, stage) + fixed_acts
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
         expansion += optimizer + experts[2]
@@ -382,7 +393,9 @@ def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec)
     if model.moe is not None:
         stages = list(range(par.pp))
     workspace = cluster.workspace_GB * GB
-    per_stage = [_stage_memory(model, par, s) for s in stages]
+    # perf: a layer's activation bytes and the recompute working set are the same on every stage
+    layer_bytes, working = _per_layer_bytes(model, par), _recompute_working_bytes(model, par)
+    per_stage = [_stage_memory(model, par, s, layer_bytes, working) for s in stages]
     worst_index = max(range(len(stages)), key=lambda i: per_stage[i].hbm(workspace))
     worst = per_stage[worst_index]
     expansion = max(st.expansion for st in per_stage)

@@ -6,12 +6,15 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from comet.config.cluster import NetworkDim
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Schedule
 from comet.evaluate import resolve
-from comet.replay import contention, step as step_mod
+from comet.replay import contention, kernels
+from comet.replay import step as step_mod
 from comet.replay.step import bucket_ready_offsets, replay_step
 from comet.replay.timing import timed_s
 from comet.workload.builder import build_step_graph
@@ -141,3 +144,48 @@ def test_compiled_sorted_bucket_stream_equals_the_generic_path(two_tier, monkeyp
     # buckets of several chunks (interleaved pipeline) on a shared port: readiness, stable sort and the
     # stream in one compiled pass per row (kernels.sorted_bucket_stream_end)
     _compiled_equals_generic(two_tier, monkeypatch, par, "sorted_bucket_stream_end")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
+    # kernels.stage_tails walks the buckets outer and the stages inner (independent chains side by side)
+    # and divides a bucket's seconds by the rate once per stage: each stage's stream must still be
+    # contention.serial_shared's numpy loop bit for bit, then the tied-embedding sync and the optimizer
+    # as step._tails computes them
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    pp, vpp, n_groups = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    group_of = rng.integers(-1, n_groups, pp)
+    counts = rng.integers(1, 13, n_groups)
+    offsets = np.zeros((n_groups, counts.max()))
+    for g, c in enumerate(counts):
+        offsets[g, :c] = np.sort(rng.uniform(0, 2, c)) if rng.random() < 0.7 else rng.uniform(0, 2)
+    group_i = np.stack([rng.integers(0, vpp, n_groups), counts], axis=1).astype(np.int64)
+    g_dur = rng.uniform(0.01, 0.5, n_groups)
+    last_b_start, compute_end = rng.uniform(0, 3, (pp, vpp)), rng.uniform(1, 6, pp)
+    gather_end = np.where(rng.random(pp) < 0.5, 0.0, rng.uniform(0, 2, pp))
+    rate = np.where(rng.random(pp) < 0.3, 1.0, rng.uniform(0.5, 1, pp))
+    emb = np.sort(rng.choice(pp, size=min(pp, data.draw(st.integers(0, 2))), replace=False)).astype(np.int64)
+    emb_dur, adam, link = rng.uniform(0, 0.2, len(emb)), rng.uniform(0, 1, pp), rng.uniform(0, 1.5, pp)
+    got = kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, offsets, group_i, g_dur,
+                              emb, emb_dur, adam, link)
+
+    dp_end = gather_end.copy()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(contention, "HAVE_NUMBA", False)
+        for s, g in enumerate(group_of):
+            if g >= 0:
+                ready = last_b_start[s, group_i[g, 0]] + offsets[g, :counts[g]]
+                dp_end[s] = contention.serial_shared(ready[None, :], np.full(counts[g], g_dur[g]), gather_end[s:s + 1],
+                                                     compute_end[s:s + 1], rate[s:s + 1])[0, -1]
+    partner_wait = np.zeros(pp)
+    if len(emb):
+        ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
+        both = max(ready_at.values())
+        for i, s in enumerate(emb):
+            partner_wait[s] = both - ready_at[s]
+            dp_end[s] = both + emb_dur[i]
+    offload = np.maximum(0.0, link - adam)
+    optimizer_start = np.maximum(compute_end, dp_end)
+    for a, b in zip(got, (optimizer_start, optimizer_start + adam + offload, partner_wait, offload)):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,41 @@
+"""dataclasses.replace for the frozen configuration objects of the hot path, without re-running
+__init__ (a ParallelConfig has ~45 fields: replace() costs ~12 us, this ~0.5 us)."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache, cached_property
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+@cache
+def _plain(cls: type) -> bool:
+    """A dataclass whose __init__ only stores its fields: no __post_init__, no init=False or InitVar
+    fields, no __slots__ (its instances keep the fields in __dict__), and nothing else in __dict__ (no
+    functools.cached_property, whose value a copy would carry over)."""
+    return (dataclasses.is_dataclass(cls) and not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+            and not any(isinstance(v, cached_property) for k in cls.__mro__ for v in vars(k).values())
+            and all(f.init for f in dataclasses.fields(cls))
+            and not any(isinstance(f.type, dataclasses.InitVar) for f in dataclasses.fields(cls)))
+
+
+def replace_fields(obj: T, **changes) -> T:
+    """The same object dataclasses.replace(obj, **changes) builds (equal, same type, same field values),
+    for a plain dataclass (_plain) by copying its fields; any other object goes through replace()."""
+    cls = type(obj)
+    if not _plain(cls):
+        return dataclasses.replace(obj, **changes)
+    fields = cls.__dataclass_fields__
+    for name in changes:
+        if name not in fields:   # replace() raises the same
+            raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
+    new = object.__new__(cls)
+    state = new.__dict__
+    state.update(obj.__dict__)
+    if len(state) != len(fields):   # values kept beside the fields (a cached hash): not the new object's
+        for name in [name for name in state if name not in fields]:
+            del state[name]
+    state.update(changes)
+    return new
