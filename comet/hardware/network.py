@@ -94,7 +94,7 @@ def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[
 class _DimView:
     """One spanned dimension as the group sees it (read-only by convention; perf: a slotted class, a
     frozen dataclass's __init__ costs a setattr call per field on every collective's cost model)."""
-    __slots__ = ("dim", "n", "inner", "stride", "ports")
+    __slots__ = ("dim", "n", "inner", "stride", "ports", "plateaus")
 
     def __init__(self, dim: NetworkDim, n: int, inner: int, stride: int, ports: int):
         self.dim = dim
@@ -102,13 +102,19 @@ class _DimView:
         self.inner = inner         # group members inside one domain of the level below (share its ports)
         self.stride = stride       # distance between consecutive members, in ports of this dimension
         self.ports = ports         # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
+        self.plateaus: dict[str, float] = {}   # traffic kind -> plateau rate (size-independent, see rates)
 
     def rates(self, chunk_bytes: float, kind: str) -> tuple[float, float]:
         """(rate, plateau rate): bytes per second the group's traffic gets through this dimension, per
         inner domain, when each step moves `chunk_bytes` per rank (pipelining and per-message
         overheads: eff(chunk)), and the same without the per-step fill."""
         d = self.dim
-        plateau = self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind) / d.oversubscription
+        # perf (i17n-network): the plateau reads the placement and the kind of traffic, not the size:
+        # computed once per view (views are shared by every size of a group: _group), the same expression
+        plateau = self.plateaus.get(kind)
+        if plateau is None:
+            plateau = self.plateaus[kind] = (self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind)
+                                             / d.oversubscription)
         return plateau * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes), plateau
 
 
@@ -152,6 +158,45 @@ def _views(size: int, stride: int, network: tuple[NetworkDim, ...], flat: bool =
             step *= n_members
         below = dim_obj.size or below
     return views
+
+
+class _Group:
+    """A group's placement on one network: what its collectives' times read that does not depend on
+    the message size, computed once per (network, size, stride, flat) by _group: the spanned levels
+    (whose plateau rates fill in per traffic kind on first use), the member count and the ring's
+    hops per pass count. Read-only by convention once built."""
+    __slots__ = ("levels", "views", "n", "ring_hops")
+
+    def __init__(self, levels: tuple[NetworkDim, ...], views: list[_DimView]):
+        self.levels = levels   # held: the table is keyed by its id
+        self.views = views
+        self.n = math.prod(v.n for v in views)
+        self.ring_hops: dict[int, tuple] = {}   # passes -> the ring's hops (_ring)
+
+
+# perf (i17n-network): (id(levels), size, stride, flat) -> _Group. A cold GPT-3 1T call times ten
+# collectives on three groups, a search the same few groups at many sizes: the placement (group_span,
+# the views, their plateau rates, the ring's hops) is built once per group, a size costs the size's
+# floats only. Bounded (emptied when full, rebuilt equal); the levels tuple is per network
+# (ClusterSpec.levels, network_levels' cache) and held by its entry, so its id is not reused while the
+# entry lives. clear_groups() empties it (replay/cache.clear).
+_GROUPS: dict[tuple, _Group] = {}
+_GROUP_ENTRIES = 4096
+
+
+def _group(size: int, stride: int, levels: tuple[NetworkDim, ...], flat: bool = False) -> _Group:
+    key = (id(levels), size, stride, flat)
+    group = _GROUPS.get(key)
+    if group is None or group.levels is not levels:
+        if len(_GROUPS) >= _GROUP_ENTRIES:
+            _GROUPS.clear()
+        group = _GROUPS[key] = _Group(levels, _views(size, stride, levels, flat))
+    return group
+
+
+def clear_groups() -> None:
+    """Empty the per-group placement table (a cold-start benchmark, tests)."""
+    _GROUPS.clear()
 
 
 # NCCL's protocols (src/graph/tuning.cc, NCCL 2.18-2.21): LL moves 8-byte flag+data words (1/4 of the
@@ -215,13 +260,21 @@ class _Cost:
         return best
 
 
-def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
-    n = math.prod(v.n for v in views)
+def _ring(kind: Collective, msg: float, group: _Group) -> _Cost:
+    views, n = group.views, group.n
     passes = 2 if kind is Collective.ALL_REDUCE else 1
     rate, plateau = _slowest(views, msg / n, "ring")    # each ring step moves 1/n of the buffer
-    # Latency: a ring visiting k sub-domains of a level crosses k boundaries per pass; a crossing
-    # counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes for
-    # all-reduce), the remaining of the n-1 steps per pass are inner hops.
+    hops = group.ring_hops.get(passes)
+    if hops is None:
+        hops = group.ring_hops[passes] = _ring_hops(views, n, passes)
+    moved = passes * (n - 1) / n * msg
+    return _Cost(moved / rate, hops, plateau_s=moved / plateau)
+
+
+def _ring_hops(views: list[_DimView], n: int, passes: int) -> tuple:
+    """The ring's per-hop latencies. A ring visiting k sub-domains of a level crosses k boundaries per
+    pass; a crossing counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes
+    for all-reduce), the remaining of the n-1 steps per pass are inner hops."""
     hops, outer_crossings, counted = [], 0, 0
     for v in reversed(views[1:]):
         k = n // v.inner
@@ -229,8 +282,7 @@ def _ring(kind: Collective, msg: float, views: list[_DimView]) -> _Cost:
         counted += k - outer_crossings
         outer_crossings = k
     hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, len(views) == 1 or True))
-    moved = passes * (n - 1) / n * msg
-    return _Cost(moved / rate, tuple(hops), plateau_s=moved / plateau)
+    return tuple(hops)
 
 
 def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, float, list]:
@@ -302,11 +354,12 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
     of a node would be 8x faster. Time = (n-1)/n * buffer / min(port rate) for all-gather and
     reduce-scatter, 2x for all-reduce (Thakur, Rabenseifner & Gropp 2005)."""
     levels = cluster.levels
-    views = _views(size, stride, levels, flat)
+    group = _group(size, stride, levels, flat)
+    views = group.views
     if not views:
         return {"none": 0.0}
     if flat and kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
-        return {"flat_ring": _ring(kind, msg_bytes, views).time()}
+        return {"flat_ring": _ring(kind, msg_bytes, group).time()}
     if kind is Collective.BARRIER:
         return {"barrier": sum(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s for v in views)}
     if kind is Collective.ALL_TO_ALL:
@@ -319,7 +372,7 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
             plateau = max(plateau, outside * msg_bytes * v.inner / plateau_rate)
         hops = tuple(((v.n - 1) * v.dim.latency_s, v is views[0] and len(views) == 1) for v in views)
         return {"direct": _Cost(t, hops, plateau_s=plateau).time()}
-    ring = _ring(kind, msg_bytes, views).time()
+    ring = _ring(kind, msg_bytes, group).time()
     out = {}
     top = views[-1].dim
     if _allowed(top, A.RING) and _allowed(views[0].dim, A.RING):

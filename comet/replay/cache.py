@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable
 
 from comet.config.frozen import replace_fields
 from comet.graph.block import block_lists, content as block_content, content_hash, lists_content
+from comet.hardware import network as network_model
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
 _BLOCK_ENTRIES = 4096
@@ -428,6 +429,7 @@ def clear() -> None:
         c.clear()
     for fn in _memoized:
         fn.cache_clear()
+    network_model.clear_groups()   # the collective models' per-group placements (hardware/network.py)
     _signatures.clear()
     _cluster_keys.clear()
     _object_keys.clear()
