@@ -446,6 +446,47 @@ def position_windows(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndar
 
 
 @njit(cache=True, nogil=True)
+def periodic_windows(interleaved: bool, pp: int, vpp: int, m0: int, q: int, steady_warmup: int, per_stage: int,
+                     max_depth: int):
+    """periodic._windows' visit orders in one compiled call (perf: the Python around position_windows,
+    the warm-up counts, bounds, slicing, checks and copies, cost ~20 us of a shape's ~100): the warm
+    window, two periods and the tail (the last period and the drain) of the schedule of m0 + 3q
+    micro-batches, cut where each stage's prefix in the schedule of k micro-batches ends (2 k vpp - its
+    warm-up forwards: past m0 its drain starts there). Returns (ok, warm, warm_last, period, period_last,
+    tail); ok False where the periods differ (same_window, or the history rows they leave), a period
+    reads a release or a last backward, the warm window misses a release or the tail a last backward,
+    or position_windows refuses the order."""
+    big = m0 + 3 * q
+    total = big * vpp
+    warm_up = np.empty(pp, dtype=np.int64)
+    for s in range(pp):
+        warm_up[s] = min(steady_warmup - per_stage * s, total)
+    bounds = np.empty((5, pp), dtype=np.int64)
+    for s in range(pp):
+        bounds[0, s] = 0
+        for w in range(3):
+            bounds[w + 1, s] = 2 * (m0 + w * q) * vpp - warm_up[s]
+        bounds[4, s] = 2 * total
+    orders, offsets, flags, depth, last, ok = position_windows(interleaved, pp, vpp, big, warm_up, bounds, max_depth)
+    empty = np.empty(0, dtype=np.int64)
+    no_last = np.empty((0, pp), dtype=np.int64)
+    if not ok:
+        return False, empty, no_last, empty, no_last, empty
+    first, second = orders[offsets[1]:offsets[2]], orders[offsets[2]:offsets[3]]
+    same = same_window(first, second, pp, vpp)
+    for b in range(depth):
+        for s in range(pp):
+            if last[1, b, s] != last[2, b, s]:
+                same = False
+    # every release is read in the warm window, every last backward in the tail, none in a period
+    kinds = pp * vpp
+    if not same or flags[0, 1] != kinds or flags[3, 2] != kinds or flags[1, 1] != 0 or flags[1, 2] != 0:
+        return False, empty, no_last, empty, no_last, empty
+    return (True, orders[offsets[0]:offsets[1]].copy(), last[0, :depth].copy(), first.copy(), last[1, :depth].copy(),
+            orders[offsets[3]:offsets[4]].copy())
+
+
+@njit(cache=True, nogil=True)
 def same_window(a: np.ndarray, b: np.ndarray, pp: int, vpp: int) -> bool:
     """Whether two windows of position_windows are the same subgraph, whatever order they were visited in:
     per stage, the same kinds and flags at the same positions, each waiting on the same (stage,

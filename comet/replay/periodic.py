@@ -38,9 +38,9 @@ from __future__ import annotations
 import numpy as np
 
 from comet.replay import cache, pipeline
-from comet.replay.kernels import periodic_summary, periodic_transient, position_windows, same_window
+from comet.replay.kernels import periodic_summary, periodic_transient, periodic_windows
 from comet.replay.pipeline import PipelineSummary
-from comet.replay.schedule import steady_warmup, warmups
+from comet.replay.schedule import steady_warmup
 
 _TOL_ULPS = 8.0       # increments equal within 8 ulps of the largest clock count as uniform
 _MAX_SPAN = 500.0     # ... while the largest clock is at most 500 periods long: error <= 8 * 2.2e-16 * 500
@@ -71,31 +71,17 @@ def _windows(schedule: str, pp: int, vpp: int, m0: int):
     """(warm, period, tail) visit orders of the shape, from one pass over the schedule of m0 + 3q
     micro-batches (the two periods compared end before its last one, which holds a last backward); None
     where the period structure is not shift-invariant or a period needs more state than the clocks."""
-    q = _period(schedule, pp, vpp)
-    big = _swept(m0, q)
     interleaved = schedule == "interleaved_1f1b" and vpp > 1
-    warm_up = warmups(schedule, pp, vpp, big).astype(np.int64)
-    # the warm window, two periods, the tail (the last period and the drain): past m0 a stage's prefix
-    # (its tasks before the drain) in the schedule of k micro-batches is 2 k vpp - its warm-up forwards
-    bounds = np.empty((5, pp), dtype=np.int64)
-    bounds[0] = 0
-    for w, k in enumerate((m0, m0 + q, m0 + 2 * q)):
-        bounds[w + 1] = 2 * k * vpp - warm_up
-    bounds[4] = 2 * big * vpp
     # perf: orders by position, not a sweep, and of the short schedule only (GPT-3 1T, pp 64, m 192: the
-    # windows ~80 us where the sweep of the whole schedule took ~250 us)
-    orders, offsets, flags, depth, last, ok = position_windows(interleaved, pp, vpp, big, warm_up, bounds, _MAX_DEPTH)
-    warm, first, second, tail = (orders[offsets[w]:offsets[w + 1]] for w in range(4))
-    if not (ok and same_window(first, second, pp, vpp) and np.array_equal(last[1, :depth], last[2, :depth])):
+    # windows ~80 us where the sweep of the whole schedule took ~250 us); cut and checked in the same
+    # compiled call (kernels.periodic_windows)
+    ok, *windows = periodic_windows(interleaved, pp, vpp, m0, _period(schedule, pp, vpp),
+                                    steady_warmup(schedule, pp, vpp), 2 if interleaved else 1, _MAX_DEPTH)
+    if not ok:
         return None
-    # every release is read in the warm window, every last backward in the tail, none in a period
-    kinds = pp * vpp
-    if flags[0, 1] != kinds or flags[3, 2] != kinds or flags[1, 1] or flags[1, 2]:
-        return None
-    windows = warm.copy(), last[0, :depth].copy(), first.copy(), last[1, :depth].copy(), tail.copy()
     for a in windows:
         a.flags.writeable = False
-    return windows
+    return tuple(windows)
 
 
 def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: np.ndarray, dur_bits: bytes,

@@ -174,3 +174,41 @@ def test_periodic_step_equals_the_event_engine_on_the_expanded_graph(cfg, tiny_m
     assert fast.step_time_s == pytest.approx(full.makespan, rel=1e-9)
     for s, t_end in full.rank_end.items():
         assert fast.stage_end[s] == pytest.approx(t_end, rel=1e-9)
+
+
+def _windows_cut_in_python(schedule, pp, vpp, m0):
+    """The windows as periodic._windows cut them before kernels.periodic_windows (d9b5000): warm-up
+    counts from schedule.warmups, position_windows, then the checks and slices in numpy."""
+    from comet.replay.kernels import position_windows, same_window
+    from comet.replay.schedule import warmups
+    q = periodic._period(schedule, pp, vpp)
+    big = periodic._swept(m0, q)
+    warm_up = warmups(schedule, pp, vpp, big).astype(np.int64)
+    bounds = np.empty((5, pp), dtype=np.int64)
+    bounds[0] = 0
+    for w, k in enumerate((m0, m0 + q, m0 + 2 * q)):
+        bounds[w + 1] = 2 * k * vpp - warm_up
+    bounds[4] = 2 * big * vpp
+    interleaved = schedule == "interleaved_1f1b" and vpp > 1
+    orders, offsets, flags, depth, last, ok = position_windows(interleaved, pp, vpp, big, warm_up, bounds, 4)
+    warm, first, second, tail = (orders[offsets[w]:offsets[w + 1]] for w in range(4))
+    if not (ok and same_window(first, second, pp, vpp) and np.array_equal(last[1, :depth], last[2, :depth])):
+        return None
+    kinds = pp * vpp
+    if flags[0, 1] != kinds or flags[3, 2] != kinds or flags[1, 1] or flags[1, 2]:
+        return None
+    return warm, last[0, :depth], first, last[1, :depth], tail
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["1f1b", "interleaved_1f1b"]), st.integers(1, 24), st.integers(1, 4), st.integers(0, 23))
+def test_compiled_windows_equal_the_python_cut(schedule, pp, vpp, residue):
+    vpp = vpp if schedule == "interleaved_1f1b" else 1
+    m0 = periodic._first_steady(schedule, pp, vpp, residue % periodic._period(schedule, pp, vpp))
+    want, got = _windows_cut_in_python(schedule, pp, vpp, m0), periodic._windows(schedule, pp, vpp, m0)
+    assert (want is None) == (got is None)
+    if want is not None:
+        assert len(got) == len(want) == 5
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+            assert not a.flags.writeable
