@@ -1,0 +1,58 @@
+"""The stage work's fast paths (comet/replay/step.py, contention.py; branch i17s-stage) against the
+per-stage / per-element reference they replace, on random inputs."""
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from comet.replay import contention
+from comet.replay.step import _stage_groups
+
+
+def _stage_groups_per_stage(graph) -> dict:
+    """The per-stage loop _stage_groups replaced (d9b5000)."""
+    plan, pp = graph.plan, graph.plan.pp
+    groups: dict = {}
+    layers, n = plan.chunk_layers, plan.pp * plan.vpp
+    for s, stage in enumerate(graph.stages):
+        role = (id(stage), s == 0, s == pp - 1, tuple(layers[s:n:pp]))
+        groups.setdefault(role, []).append(s)
+    return {role: np.array(stages) for role, stages in groups.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_stage_groups_equal_per_stage_loop(data):
+    pp = data.draw(st.integers(1, 12))
+    vpp = data.draw(st.integers(1, 3))
+    # a few shared sync objects, in runs or interleaved; layer counts that sometimes differ
+    syncs = [object() for _ in range(data.draw(st.integers(1, 4)))]
+    stages = tuple(syncs[i] for i in data.draw(st.lists(st.integers(0, len(syncs) - 1), min_size=pp, max_size=pp)))
+    layers = tuple(data.draw(st.lists(st.integers(0, 3), min_size=pp * vpp, max_size=pp * vpp)))
+    graph = SimpleNamespace(plan=SimpleNamespace(pp=pp, vpp=vpp, chunk_layers=layers), stages=stages)
+    got, want = _stage_groups(graph), _stage_groups_per_stage(graph)
+    assert list(got) == list(want)     # the same roles, in the same order
+    for role in want:
+        assert got[role].dtype == want[role].dtype and got[role].tolist() == want[role].tolist()
+
+
+_times = st.floats(0.0, 1e3, allow_nan=False) | st.just(0.0) | st.just(np.inf)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_rate_equals_nested_minimum(data):
+    pp, vpp = data.draw(st.integers(1, 10)), data.draw(st.integers(1, 4))
+    nic = np.array(data.draw(st.lists(_times, min_size=pp, max_size=pp)), dtype=float)
+    b_dur = np.array(data.draw(st.lists(_times, min_size=pp * vpp, max_size=pp * vpp)), dtype=float).reshape(pp, vpp)
+    busy = np.sum(b_dur, axis=1)
+    with np.errstate(invalid="ignore"):
+        u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
+        want = 1.0 - np.minimum(np.minimum(u, 1.0), 0.5)
+        got = contention._rate(nic, b_dur)
+    if not (want < 1.0).any():
+        assert got is None
+    else:
+        assert got.tobytes() == want.tobytes()
