@@ -30,7 +30,8 @@ from comet.graph.block import block_ops
 from comet.graph.ir import OpKind, StepGraph
 from comet.hardware.network import group_span
 from comet.replay import cache
-from comet.replay.kernels import HAVE_NUMBA, serial_shared_rows
+from comet.replay.kernels import HAVE_NUMBA
+from comet.replay.tail_kernels import serial_shared_rows
 from comet.replay.schedule import task_kinds
 from comet.replay.timing import p2p_s
 

@@ -7,7 +7,7 @@ tasks of the schedule of m, in the same order, plus one *period* per stage (1F1B
 B(m - w_s); interleaved: q = pp) before its drain; let x_k be the state after the tasks of each stage's
 prefix in the schedule of k (the tasks before its drain): each stage's clock and the ends of the few
 tasks before it that later tasks read (1F1B: the clock alone; interleaved: the last 3; at most
-_MAX_DEPTH, checked by kernels.position_windows). Then x_{k+q} = Phi(x_k) with the same map Phi for every
+_MAX_DEPTH, checked by periodic_kernels.position_windows). Then x_{k+q} = Phi(x_k) with the same map Phi for every
 k (checked: the period windows k -> k+q and k+q -> k+2q hold the same task kinds at the same positions
 with the same dependencies; codes hold kinds and positions, not micro-batch numbers). Phi is built of max
 and +, so it is monotone and homogeneous: Phi(x + c) = Phi(x) + c. Hence once x_{k+q} = x_k + lambda (the
@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from comet.replay import cache, pipeline
-from comet.replay.kernels import periodic_summary, periodic_transient, periodic_windows
+from comet.replay.periodic_kernels import periodic_summary, periodic_transient, periodic_windows
 from comet.replay.pipeline import PipelineSummary
 from comet.replay.schedule import steady_warmup
 
@@ -74,7 +74,7 @@ def _windows(schedule: str, pp: int, vpp: int, m0: int):
     interleaved = schedule == "interleaved_1f1b" and vpp > 1
     # perf: orders by position, not a sweep, and of the short schedule only (GPT-3 1T, pp 64, m 192: the
     # windows ~80 us where the sweep of the whole schedule took ~250 us); cut and checked in the same
-    # compiled call (kernels.periodic_windows)
+    # compiled call (periodic_kernels.periodic_windows)
     ok, *windows = periodic_windows(interleaved, pp, vpp, m0, _period(schedule, pp, vpp),
                                     steady_warmup(schedule, pp, vpp), 2 if interleaved else 1, _MAX_DEPTH)
     if not ok:

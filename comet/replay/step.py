@@ -14,7 +14,8 @@ from comet.graph.ir import Op, OpKind, StepGraph
 from comet.replay import cache, periodic, pipeline
 from comet.replay.blocks import BlockTiming, time_block
 from comet.replay.contention import dp_nic_rate, serial_shared
-from comet.replay.kernels import HAVE_NUMBA, shared_bucket_stream, sorted_bucket_stream_end, stage_tails
+from comet.replay.kernels import HAVE_NUMBA
+from comet.replay.tail_kernels import shared_bucket_stream, sorted_bucket_stream_end, stage_tails
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
@@ -249,7 +250,7 @@ def _early_gathers(graph: StepGraph, groups: dict, t, events: list | None = None
 
 def _sync_collective_s(graph: StepGraph, groups: dict, t) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
-    all-reduce (stages in increasing order): what kernels.stage_tails reads of the network."""
+    all-reduce (stages in increasing order): what tail_kernels.stage_tails reads of the network."""
     bucket_s = np.array([t(graph.stages[rows[0]].grad_buckets[0].op) if graph.stages[rows[0]].grad_buckets else 0.0
                          for rows in groups.values()])
     emb_s = np.array([t(graph.stages[s].embedding_sync) for s in _embedding_stages(graph, groups)])
@@ -321,11 +322,11 @@ class _TailStatics:
     link: np.ndarray
     groups: tuple
     emb: tuple
-    fused: tuple | None = None   # kernels.stage_tails' per-stage / per-group inputs, where it applies
+    fused: tuple | None = None   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
 
 
 def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
-    """kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
+    """tail_kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
     buckets), per group the bucket ready offsets (bucket_ready_offsets, a row of a table) and (chunk,
     buckets), the tied-embedding stages; None where a group's buckets are not one chunk's buckets ready
     in bucket order (the generic path sorts them)."""

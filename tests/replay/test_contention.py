@@ -13,7 +13,7 @@ from comet.config.cluster import NetworkDim
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Schedule
 from comet.evaluate import resolve
-from comet.replay import contention, kernels
+from comet.replay import contention, tail_kernels
 from comet.replay import step as step_mod
 from comet.replay.step import bucket_ready_offsets, replay_step
 from comet.replay.timing import timed_s
@@ -123,8 +123,8 @@ def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str)
 
 @pytest.mark.parametrize("par", [dict(tp=2, cp=4, pp=1, gpus=16), dict(tp=2, cp=2, pp=2, gpus=32)])
 def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
-    # one chunk's buckets on a shared port run in one compiled pass (kernels.shared_bucket_stream), where
-    # the tails are not fused (a stage group's buckets span several sets: kernels.stage_tails does not apply)
+    # one chunk's buckets on a shared port run in one compiled pass (tail_kernels.shared_bucket_stream), where
+    # the tails are not fused (a stage group's buckets span several sets: tail_kernels.stage_tails does not apply)
     monkeypatch.setattr(step_mod, "_fused_statics", lambda *a: None)
     _compiled_equals_generic(two_tier, monkeypatch, par, "shared_bucket_stream")
 
@@ -134,7 +134,7 @@ def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par)
                                  dict(tp=2, cp=2, pp=4, gpus=64, overlap_grad_reduce=False, global_batch=16),
                                  dict(tp=2, cp=2, pp=2, gpus=32, offload=(OffloadTarget.OPTIMIZER,))])
 def test_fused_stage_tails_equal_the_generic_path(two_tier, monkeypatch, par):
-    # every stage's DP stream, tied-embedding sync and optimizer in one compiled pass (kernels.stage_tails)
+    # every stage's DP stream, tied-embedding sync and optimizer in one compiled pass (tail_kernels.stage_tails)
     _compiled_equals_generic(two_tier, monkeypatch, par, "stage_tails")
 
 
@@ -142,14 +142,14 @@ def test_fused_stage_tails_equal_the_generic_path(two_tier, monkeypatch, par):
                                  dict(tp=2, cp=4, pp=2, vpp=2, gpus=32, schedule=Schedule.INTERLEAVED, zero=1)])
 def test_compiled_sorted_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
     # buckets of several chunks (interleaved pipeline) on a shared port: readiness, stable sort and the
-    # stream in one compiled pass per row (kernels.sorted_bucket_stream_end)
+    # stream in one compiled pass per row (tail_kernels.sorted_bucket_stream_end)
     _compiled_equals_generic(two_tier, monkeypatch, par, "sorted_bucket_stream_end")
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
-    # kernels.stage_tails walks the buckets outer and the stages inner (independent chains side by side)
+    # tail_kernels.stage_tails walks the buckets outer and the stages inner (independent chains side by side)
     # and divides a bucket's seconds by the rate once per stage: each stage's stream must still be
     # contention.serial_shared's numpy loop bit for bit, then the tied-embedding sync and the optimizer
     # as step._tails computes them
@@ -167,7 +167,7 @@ def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
     rate = np.where(rng.random(pp) < 0.3, 1.0, rng.uniform(0.5, 1, pp))
     emb = np.sort(rng.choice(pp, size=min(pp, data.draw(st.integers(0, 2))), replace=False)).astype(np.int64)
     emb_dur, adam, link = rng.uniform(0, 0.2, len(emb)), rng.uniform(0, 1, pp), rng.uniform(0, 1.5, pp)
-    got = kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, offsets, group_i, g_dur,
+    got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, offsets, group_i, g_dur,
                               emb, emb_dur, adam, link)
 
     dp_end = gather_end.copy()

@@ -116,7 +116,7 @@ def test_periodic_equals_the_whole_replay_on_random_shapes(schedule, pp, vpp, gr
 
 
 def test_windows_that_do_not_continue_from_the_history_are_refused():
-    from comet.replay.kernels import position_windows
+    from comet.replay.periodic_kernels import position_windows
     pp, m = 3, 4
     warm = np.array([2, 1, 0])
 
@@ -177,9 +177,9 @@ def test_periodic_step_equals_the_event_engine_on_the_expanded_graph(cfg, tiny_m
 
 
 def _windows_cut_in_python(schedule, pp, vpp, m0):
-    """The windows as periodic._windows cut them before kernels.periodic_windows (d9b5000): warm-up
+    """The windows as periodic._windows cut them before periodic_kernels.periodic_windows (d9b5000): warm-up
     counts from schedule.warmups, position_windows, then the checks and slices in numpy."""
-    from comet.replay.kernels import position_windows, same_window
+    from comet.replay.periodic_kernels import position_windows, same_window
     from comet.replay.schedule import warmups
     q = periodic._period(schedule, pp, vpp)
     big = periodic._swept(m0, q)

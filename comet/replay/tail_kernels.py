@@ -1,0 +1,156 @@
+"""Compiled kernels of the stage tails (comet/replay/step.py, contention.py): a stage's data-parallel stream
+of gradient buckets on a NIC port it shares with the backward's inter-node traffic (contention.serial_shared's
+arithmetic, bit for bit), and every stage's tail (DP stream, tied-embedding sync, optimizer) in one pass."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from comet.replay.kernels import njit
+
+
+@njit(inline="always")
+def _port_end(ready: float, prev: float, window_end: float, rate: float, need: float) -> float:
+    """End of a transfer of `need` port-seconds on a stream free at `prev`, ready at `ready`, at `rate`
+    of the port before `window_end` and the full port after (contention.serial_shared's arithmetic)."""
+    start = ready if ready > prev else prev
+    shared = window_end - start
+    if shared < 0.0:
+        shared = 0.0
+    done_in_window = shared * rate
+    if need <= done_in_window:
+        return start + need / rate
+    return start + shared + (need - done_in_window)
+
+
+@njit(cache=True, nogil=True)
+def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,
+                       rate: np.ndarray) -> np.ndarray:
+    """contention.serial_shared, row by row (the same arithmetic). dur: (rows, cols) or (1, cols);
+    t0, window_end, rate: (rows,) or (1,)."""
+    rows, cols = ready.shape
+    ends = np.empty((rows, cols))
+    for r in range(rows):
+        prev = t0[r if t0.shape[0] > 1 else 0]
+        w = window_end[r if window_end.shape[0] > 1 else 0]
+        q = rate[r if rate.shape[0] > 1 else 0]
+        d = r if dur.shape[0] > 1 else 0
+        for k in range(cols):
+            prev = _port_end(ready[r, k], prev, w, q, dur[d, k])
+            ends[r, k] = prev
+    return ends
+
+
+@njit(cache=True, nogil=True)
+def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray, head: float,
+                         per_layer: float, all_compute: float, n: int, count: int, progressive: bool, dur: float):
+    """The DP stream of stages (rows) whose gradient buckets are one chunk's `count` equal buckets of
+    `dur` seconds: bucket k is ready at start[r] + step.bucket_ready_offsets (the same arithmetic), the
+    stream shares the port as serial_shared_rows. Returns (ends (rows, count), True), or (empty,
+    False) when the offsets are not in bucket order (the caller sorts them)."""
+    offsets = np.empty(count)
+    for k in range(count):
+        if progressive and n > 0 and k < count - 1:
+            offsets[k] = head + np.ceil(((k + 1) * n) / count) * per_layer
+        else:
+            offsets[k] = all_compute
+    for k in range(1, count):
+        if offsets[k] < offsets[k - 1]:
+            return np.empty((0, count)), False
+    rows = start.shape[0]
+    ends = np.empty((rows, count))
+    for r in range(rows):
+        prev = t0[r]
+        w = window_end[r]
+        q = rate[r]
+        for k in range(count):
+            prev = _port_end(start[r] + offsets[k], prev, w, q, dur)
+            ends[r, k] = prev
+    return ends, True
+
+
+@njit(cache=True, nogil=True)
+def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_of: np.ndarray, offsets: np.ndarray,
+                             durs: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """The end of each row's DP stream when its buckets span chunks: bucket k is ready at
+    last_b_start[rows[r], chunk_of[k]] + offsets[k], the buckets run in stable order of readiness (a
+    merge sort: numpy's stable argsort) and share the port as serial_shared_rows (step._tails' generic
+    path, the same arithmetic; tests/replay/test_contention.py)."""
+    n, cols = rows.shape[0], offsets.shape[0]
+    out = np.empty(n)
+    ready = np.empty(cols)
+    for r in range(n):
+        for k in range(cols):
+            ready[k] = last_b_start[rows[r], chunk_of[k]] + offsets[k]
+        order = np.argsort(ready, kind="mergesort")
+        prev = t0[r]
+        for k in range(cols):
+            i = order[k]
+            prev = _port_end(ready[i], prev, window_end[r], rate[r], durs[i])
+        out[r] = prev
+    return out
+
+
+@njit(cache=True, nogil=True)
+def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: np.ndarray, rate: np.ndarray,
+                group_of: np.ndarray, offsets: np.ndarray, group_i: np.ndarray, g_dur: np.ndarray,
+                emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
+    """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
+    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; offsets[g, :count] =
+    step.bucket_ready_offsets of the group's chunk, group_i[g] = (chunk, count), g_dur[g] a bucket's
+    seconds): the DP stream on the shared port (_port_end's arithmetic), the tied-embedding all-reduce
+    of stages `emb` (it starts when both ends are ready), the optimizer (step._tails' arithmetic, in the
+    same order). Returns (optimizer_start, optimizer_end, partner_wait, offload) per stage."""
+    pp = compute_end.shape[0]
+    dp_end = gather_end.copy()
+    # perf (i16g-glue): the stream of one stage is a chain of dependent float operations (latency-bound,
+    # ~5 ns a bucket); walking the buckets in the outer loop and the stages in the inner one runs the
+    # stages' independent chains side by side. Each stage's own operations and their order are those of
+    # _port_end; the bucket's seconds at the contended rate (need / rate, the same float) are divided
+    # once per stage and the offsets read from a table.
+    start = np.empty(pp)
+    need_at_rate = np.empty(pp)
+    buckets = 0
+    for s in range(pp):
+        g = group_of[s]
+        if g >= 0:
+            start[s] = last_b_start[s, group_i[g, 0]]
+            need_at_rate[s] = g_dur[g] / rate[s]
+            if group_i[g, 1] > buckets:
+                buckets = group_i[g, 1]
+    for k in range(buckets):
+        for s in range(pp):
+            g = group_of[s]
+            if g < 0 or k >= group_i[g, 1]:
+                continue
+            need, window_end, r, prev = g_dur[g], compute_end[s], rate[s], dp_end[s]
+            ready = start[s] + offsets[g, k]
+            begin = ready if ready > prev else prev
+            shared = window_end - begin
+            shared = 0.0 if shared < 0.0 else shared
+            done_in_window = shared * r
+            within = begin + need_at_rate[s]                    # both computed: a select, not a branch
+            after = begin + shared + (need - done_in_window)
+            dp_end[s] = within if need <= done_in_window else after
+    partner_wait = np.zeros(pp)
+    if emb.shape[0] > 0:
+        both = -np.inf
+        for i in range(emb.shape[0]):
+            s = emb[i]
+            ready = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
+            if ready > both:
+                both = ready
+        for i in range(emb.shape[0]):
+            s = emb[i]
+            ready = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
+            partner_wait[s] = both - ready
+            dp_end[s] = both + emb_dur[i]
+    optimizer_start = np.empty(pp)
+    optimizer_end = np.empty(pp)
+    offload = np.empty(pp)
+    for s in range(pp):
+        extra = link[s] - adam[s]
+        offload[s] = extra if extra > 0.0 else 0.0
+        optimizer_start[s] = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
+        optimizer_end[s] = optimizer_start[s] + adam[s] + offload[s]
+    return optimizer_start, optimizer_end, partner_wait, offload
