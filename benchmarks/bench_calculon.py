@@ -150,6 +150,11 @@ def test_bench_comet_over_calculon():
     print(f"BENCH comet_search_cpu_ms {med(comet_search) * 1e3:.3f} ms")
     print(f"BENCH calculon_search_cpu_ms {med(calc_search) * 1e3:.3f} ms")
     print(f"BENCH comet_over_calculon_search {med(comet_search) / med(calc_search):.3f}")
+    # the search candidates' costs are bimodal (a candidate that reuses its shape's transient vs one that
+    # builds a new shape, memory estimate or DP syncs): the quartiles show where the median sits
+    for tool, times in (("comet", comet_search), ("calculon", calc_search)):
+        q1, q2, q3 = statistics.quantiles(times, n=4)
+        print(f"BENCH {tool}_search_cpu_ms_quartiles {q1 * 1e3:.3f} / {q2 * 1e3:.3f} / {q3 * 1e3:.3f} ms")
     print(f"BENCH step_time_s comet {comet_step:.3f} calculon {calc_step:.3f}")
     print(f"BENCH calculon_loadavg_1min_after {os.getloadavg()[0]:.2f} processes")
     assert comet_step > 0 and calc_step > 0
