@@ -334,15 +334,15 @@ class _Stage:
 
 
 def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int, layer_bytes: tuple[float, float | None],
-                  fixed_acts: float) -> _Stage:
+                  working: float) -> _Stage:
     """Bytes per GPU of one pipeline stage, with offload moving parts to the expansion tier.
-    `layer_bytes`: _per_layer_bytes; `fixed_acts`: _recompute_working_bytes (both the same on every stage)."""
+    `layer_bytes`: _per_layer_bytes; `working`: _recompute_working_bytes (both the same on every stage)."""
     weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
     in_flight = in_flight_microbatches(par, stage)
     per_layer = layer_bytes[1] if model.moe is not None else layer_bytes[0]
     layer_acts = in_flight * stage_layer_activation_bytes(model, par, stage, layer_bytes)
     experts = _expert_state_bytes(model, par, stage)
-    fixed_acts = _edge_activation_bytes(model, par, stage) + fixed_acts
+    fixed_acts = _edge_activation_bytes(model, par, stage) + working
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
         expansion += optimizer + experts[2]
