@@ -90,22 +90,6 @@ def longest_path(src: np.ndarray, dur: np.ndarray, release: np.ndarray, offset: 
 
 
 @njit(cache=True, nogil=True)
-def serial_stream(ready: np.ndarray, dur: np.ndarray, t0: float) -> np.ndarray:
-    """End times of ops run one after another on one stream in ready order (stable), each starting no
-    earlier than its ready time nor t0. Same arithmetic as the event engine."""
-    order = np.argsort(ready, kind="mergesort")
-    ends = np.empty(ready.shape[0])
-    t = t0
-    for k in range(order.shape[0]):
-        i = order[k]
-        if ready[i] > t:
-            t = ready[i]
-        t = t + dur[i]
-        ends[k] = t
-    return ends
-
-
-@njit(cache=True, nogil=True)
 def pipeline_tasks(interleaved: bool, pp: int, vpp: int, m: int, warm: np.ndarray, f_dur: np.ndarray,
                    b_dur: np.ndarray, f_release: np.ndarray):
     """The whole task level in one pass: each stage's task order (schedule.all_stage_tasks, element by
