@@ -377,7 +377,11 @@ def _run_optuna(space, factory, state: _State, executor, out: Path, seed, trials
 # ----------------------------------------------------------------------------- outputs
 
 def candidate_from_record(rec: dict) -> Candidate:
-    par = {k: v for k, v in rec["parallel"].items() if k not in ("global_batch", "gpus")}
+    """The candidate a journal record was evaluated for. A record read back from the journal has JSON's
+    lists where the configuration holds tuples (recompute_modules): they are tuples again, or the
+    configuration would not hash and a resumed study's timelines would fail to evaluate."""
+    par = {k: tuple(v) if isinstance(v, list) else v for k, v in rec["parallel"].items()
+           if k not in ("global_batch", "gpus")}
     parallel = parallel_from_params(par, rec["parallel"]["global_batch"], rec["parallel"]["gpus"])
     return Candidate(key=rec["key"], parallel=parallel, provision=tuple(rec["provision"].items()),
                      number=rec["number"], params=tuple(rec.get("params", {}).items()))

@@ -4,6 +4,9 @@ for the module (it costs seconds on a 2-core machine)."""
 
 from __future__ import annotations
 
+import gzip
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -79,3 +82,16 @@ def test_crashed_worker_retried_once_then_error(ray_session, crash_tp4, tiny_raw
     # chunk-mates of a crashing candidate were retried alone and succeeded
     assert (df.loc[df["status"] != "error", "attempts"] == 2).any()
     assert (errors["attempts"] == 2).all()           # one retry, then recorded as an error
+
+
+def test_resumed_study_writes_the_same_timelines(tmp_path):
+    """Every candidate taken from the journal (JSON: lists where the configuration holds tuples): the
+    timelines are evaluated from those records and come out as in the first run."""
+    space = load_space(TINY)
+    first = run_study(space, RunOptions(out=tmp_path, executor="serial"))
+    written = {p.name: gzip.decompress(p.read_bytes()) for p in (tmp_path / "timelines").iterdir()}
+    assert written and first.evaluated_now > 0
+    shutil.rmtree(tmp_path / "timelines")
+    again = run_study(space, RunOptions(out=tmp_path, executor="serial"))
+    assert again.evaluated_now == 0 and again.resumed == first.evaluated_now
+    assert {p.name: gzip.decompress(p.read_bytes()) for p in (tmp_path / "timelines").iterdir()} == written
