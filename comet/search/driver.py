@@ -20,14 +20,15 @@ from comet.config.model import load_model
 from comet.config.paths import check_output_dir
 from comet.errors import ConfigError, TraceError
 from comet.result import Result
+from comet.search import artifacts
 from comet.search import results as res_io
 from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates
 from comet.search.context import (Candidate, EvalContext, cluster_axes, context_fingerprint, engine_fingerprint,
-                                  evaluate_candidate, parallel_dict, parallel_from_params)
+                                  parallel_dict, parallel_from_params)
 from comet.search.executor import make_executor
 from comet.search.front import merge_equivalent
 from comet.search.lock import ResultsLock
-from comet.search.space import PARALLEL_AXES, Direction, Method, SearchSpace, grid_size
+from comet.search.space import PARALLEL_AXES, Method, SearchSpace, grid_size
 
 # The grid is enumerated (and pruned) in memory before evaluation, so memory and the wait before the
 # first evaluation grow linearly with its points; 10^6 is ~70x the 14,400-point space `make kill-check`
@@ -235,13 +236,14 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
     state = _State(res_io.Journal(out / res_io.JOURNAL), fingerprint, opts.progress)
     deadline = t0 + space.budget.wall_time_s if space.budget.wall_time_s else None
     executor = None
-    interrupted = False
+    interrupted = evaluated = False
     try:
         executor = make_executor(opts.executor, ctx, opts.workers, opts.address)   # Ray: starts in the background
         if space.method.uses_optuna:
             _run_optuna(space, factory, state, executor, out, seed, trials, deadline, opts)
         else:
             _run_stream(space, factory, state, executor, seed, trials, deadline, opts)
+        evaluated = True
     except KeyboardInterrupt:
         interrupted = True
         if executor is not None:
@@ -249,14 +251,15 @@ def _run_locked(space, opts, ctx, fingerprint, out: Path, seed, trials, t0) -> S
     finally:
         state.t_end = time.monotonic()
         state.journal.compact()
-        if executor is not None:
-            executor.close(wait=False)            # Ray shuts down while the tables and plots are written
+        if executor is not None and not evaluated:
+            executor.close(wait=False)            # Ray shuts down while the tables are written
         opts.progress.finish()
     try:
         return _finish(space, ctx, state, factory.stats, out, seed, trials, fingerprint, interrupted, t0, opts,
-                       state.where)
+                       state.where, executor)
     finally:
         if executor is not None:
+            executor.close(wait=False)            # done already unless _finish raised
             executor.join()
 
 
@@ -291,7 +294,7 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
         state.t_start = time.monotonic()
     size = _chunk_size(opts, executor, total)
     taken = 0          # candidates proposed so far that count toward the trial budget
-    exhausted = False
+    exhausted = prepared = False
     while True:
         while not exhausted and executor.in_flight < executor.capacity:
             if deadline is not None and time.monotonic() >= deadline:
@@ -314,6 +317,9 @@ def _run_stream(space, factory, state: _State, executor, seed, trials, deadline,
                 exhausted = exhausted or (trials is not None and taken >= trials)
                 break
             executor.submit(chunk)
+        if exhausted and not prepared:
+            executor.prepare(artifacts.prepare)   # Ray: workers load the plotting code as they run out of chunks
+            prepared = True
         if executor.in_flight == 0:
             return
         state.record(executor.wait())
@@ -388,21 +394,35 @@ def candidate_from_record(rec: dict) -> Candidate:
 
 
 def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerprint, interrupted, t0,
-            opts, where: str = "") -> StudyOutcome:
-    from comet.search import plots, summary
+            opts, where: str = "", executor=None) -> StudyOutcome:
+    from comet.search import summary
 
     records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
     df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster),
                          row=lambda rec: state.row(rec["key"]))
     front = res_io.pareto_rows(df, space)
+    drawn = []      # (folder, [(file name, bytes)] or a pending side task)
+    if not interrupted and not df.empty:
+        # perf: on Ray the plots and timelines are drawn by the workers (idle now) while the tables are
+        # written here; the serial executor draws them in place
+        shared = executor.share(df)
+        drawn += [(out, executor.side(artifacts.plot_files, names, shared, front, space))
+                  for names in artifacts.PLOT_TASKS]
+        if opts.timelines:
+            for name, key, meta in artifacts.timeline_designs(space, front, df, ctx.model.name, ctx.cluster.name):
+                cand = candidate_from_record(state.done[key])
+                drawn.append((out / "timelines", _named(name, executor.side(artifacts.timeline_file, cand, meta))))
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {
         "cluster_spec": space.cluster_spec, "seed": seed, "trials": trials, "method": space.method.value,
         "executor": opts.executor, "workers": opts.workers, "ran_on": where, "fingerprint": fingerprint}))
-    if not interrupted and not df.empty:
-        files += plots.write_plots(df, front, space, out)
-        if opts.timelines:
-            files += _write_timelines(space, ctx, state, df, front, out)
+    for folder, pending in drawn:
+        for name, data in pending():
+            folder.mkdir(parents=True, exist_ok=True)
+            files.append(folder / name)
+            files[-1].write_bytes(data)
+    if executor is not None:
+        executor.close(wait=False)            # Ray shuts down while summary.md is written
     wall_s = time.monotonic() - t0
     start = (state.t_start or state.t_end) - t0
     phases = {"start-up": start, "evaluation": state.t_end - t0 - start, "writing": wall_s - (state.t_end - t0)}
@@ -423,27 +443,9 @@ def study_columns(space: SearchSpace, ctx: EvalContext) -> dict:
             "cluster": ctx.cluster.name, "gpu": ctx.cluster.gpu.name}
 
 
-def _write_timelines(space, ctx, state: _State, df: pd.DataFrame, front: pd.DataFrame, out: Path) -> list[Path]:
-    """Task-level timelines (gzip Chrome traces) of the best `space.timelines` distinct designs by the
-    first objective, each named by its full design (cluster and layout)."""
-    from comet.replay.timeline import write_chrome_trace
-    from comet.search.analysis import cluster_columns
-    from comet.search.naming import design_name, design_slug
-
-    paths = []
-    first = space.objectives[0]
-    varying = cluster_columns(df)
-    ranked = front.sort_values(first.column, ascending=first.direction is Direction.MIN)
-    distinct = ranked.drop_duplicates(subset=[o.column for o in space.objectives])
-    for rank, (_, row) in enumerate(distinct.head(space.timelines).iterrows(), start=1):
-        cand = candidate_from_record(state.done[row["key"]])
-        result = evaluate_candidate(ctx, cand, timeline=True)
-        if result.timeline:
-            name = f"{rank:02d}_{design_slug(row, varying)}.json.gz"
-            paths.append(write_chrome_trace(result.timeline, out / "timelines" / name, meta={
-                "design": design_name(row), "model": ctx.model.name, "cluster": ctx.cluster.name,
-                f"rank by {first.column}": rank}))
-    return paths
+def _named(name: str, pending):
+    """A pending single file as the pending list of files the writer takes (none if it gave no bytes)."""
+    return lambda: [(name, data) for data in [pending()] if data is not None]
 
 
 __all__ = ["Progress", "RunOptions", "StudyOutcome", "run_study", "candidate_from_record", "parallel_dict"]

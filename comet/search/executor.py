@@ -10,7 +10,7 @@ the local Ray starts or a cluster is joined) only.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from comet.result import CandidateStatus, Result
 from comet.search.context import Candidate, EvalContext, evaluate_chunk
@@ -43,6 +43,18 @@ class SerialExecutor:
     def cancel(self) -> None:
         self._queue.clear()
 
+    def side(self, fn: Callable, *args) -> Callable[[], Any]:
+        """Work for the study's outputs, fn(context, *args): here, at once (see RayExecutor.side)."""
+        value = fn(self.ctx, *args)
+        return lambda: value
+
+    def prepare(self, fn: Callable) -> None:
+        """Nothing to prepare in this process (see RayExecutor.prepare)."""
+
+    def share(self, obj: Any) -> Any:
+        """An argument for several side() calls (see RayExecutor.share)."""
+        return obj
+
     def close(self, wait: bool = True) -> None:
         self._queue.clear()
 
@@ -70,6 +82,10 @@ def _run_chunk(box: list, chunk: list[Candidate]):
     return evaluate_chunk(_context(box), chunk)
 
 
+def _side(box: list, fn: Callable, *args):
+    return fn(_context(box), *args)
+
+
 def _warm(box: list) -> None:
     """Run once per worker while the driver lists the candidates: unpickles the context and imports
     the evaluation code, so the first chunk does not pay for them."""
@@ -92,7 +108,11 @@ class RayExecutor:
         self._started = False
         self._cleanup = None
         self._sigterm = None
+        self._ctx = ctx
         self._pending: dict = {}                  # ObjectRef -> (chunk, attempt)
+        self._prepared: list = []                 # refs of prepare() tasks (kept until close)
+        self._sides: list[list] = []              # [ref] of each side() task, emptied when its value is taken
+        self._shared: dict = {}                   # ObjectRef -> object, of share()
         self._failure: BaseException | None = None
         self._catch_sigterm()
         # perf: Ray takes seconds to start; the driver lists and prunes the candidates meanwhile, and the
@@ -127,6 +147,7 @@ class RayExecutor:
             self._where, self._workers = where, workers or cpus
             self._ctx_box = [ray.put(ctx)]            # model, cluster, base graph: shipped once
             self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
+            self._side = ray.remote(num_cpus=1, max_retries=0)(_side)
             warm = ray.remote(num_cpus=1, max_retries=0)(_warm)
             self._warming = [warm.remote(self._ctx_box) for _ in range(self._workers)]   # not waited for
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
@@ -206,6 +227,42 @@ class RayExecutor:
         return [(c, Result(status=CandidateStatus.ERROR, reason=reason, label=c.parallel.label(),
                            gpus=c.parallel.gpus or 0), attempt) for c in chunk]
 
+    def side(self, fn: Callable, *args) -> Callable[[], Any]:
+        """fn(context, *args) as a Ray task, for the study's outputs (plots, timelines) once every chunk
+        is back: the driver writes the tables meanwhile and calls the returned function for the value.
+        A task that failed (its worker died, or fn raised) runs again here, so a failure is what the
+        serial executor would give."""
+        self._ready()
+        # the ref is held here, not by the caller: cancel() drops it before Ray shuts down (a ref freed
+        # after the shutdown ends the process)
+        box = [self._side.remote(self._ctx_box, fn, *args)]
+        self._sides.append(box)
+
+        def value():
+            try:
+                if box:
+                    return self._ray.get(box[0])
+            except self._ray.exceptions.RayError:
+                pass
+            finally:
+                box.clear()
+            return fn(self._ctx, *[self._shared.get(a, a) if isinstance(a, self._ray.ObjectRef) else a
+                                   for a in args])
+        return value
+
+    def share(self, obj: Any) -> Any:
+        """obj in the object store once, for several side() calls (Ray gives their tasks the value)."""
+        self._ready()
+        ref = self._ray.put(obj)
+        self._shared[ref] = obj
+        return ref
+
+    def prepare(self, fn: Callable) -> None:
+        """fn(context) once per worker, not waited for: submitted when the last chunk is, it runs as
+        workers run out of chunks (imports for the outputs' side tasks)."""
+        self._ready()
+        self._prepared += [self._side.remote(self._ctx_box, fn) for _ in range(self._workers)]
+
     def cancel(self) -> None:
         for ref in list(self._pending):
             try:
@@ -213,6 +270,11 @@ class RayExecutor:
             except Exception:  # noqa: BLE001 - already finished or worker gone
                 pass
         self._pending.clear()
+        self._prepared.clear()
+        for box in self._sides:
+            box.clear()
+        self._sides.clear()
+        self._shared.clear()
 
     def close(self, wait: bool = True) -> None:
         """Shut Ray down (a start still going finishes first); with wait=False in the background:

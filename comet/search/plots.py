@@ -3,6 +3,7 @@ time, and the step-time breakdown of the top configurations."""
 
 from __future__ import annotations
 
+import io
 import itertools
 from pathlib import Path
 
@@ -37,23 +38,39 @@ def _figure(**kwargs) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _png(fig: Figure) -> bytes:
     """Lay out once (tight_layout fits the labels), then draw once: tight_layout leaves a placeholder
     layout engine behind, for which savefig draws the whole figure a second time (matplotlib 3.6+);
     bbox_inches="tight" would draw twice too."""
     fig.tight_layout()
     fig.set_layout_engine(None)
-    fig.savefig(path, dpi=110, pil_kwargs=_PNG)
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, pil_kwargs=_PNG)
+    return buf.getvalue()
+
+
+PLOTS = ("pareto.png", "heatmap_tp_pp.png", "breakdown_top.png")
 
 
 def write_plots(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, out: Path) -> list[Path]:
+    paths = []
+    for name, png in render_plots(df, front, space):
+        paths.append(out / name)
+        paths[-1].write_bytes(png)
+    return paths
+
+
+def render_plots(df: pd.DataFrame, front: pd.DataFrame, space: SearchSpace,
+                 names: tuple[str, ...] = PLOTS) -> list[tuple[str, bytes]]:
+    """(file name, PNG bytes) of the plots `names`: drawn where the study's executor can spare a worker
+    (Ray tasks while the driver writes the tables), written by the driver."""
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return []
-    paths = [_pareto(ok, front, space, out / "pareto.png"), _heatmap(ok, out / "heatmap_tp_pp.png"),
-             _breakdown(front if not front.empty else ok, df, space, out / "breakdown_top.png")]
-    return [p for p in paths if p is not None]
+    draw = {"pareto.png": lambda: _pareto(ok, front, space), "heatmap_tp_pp.png": lambda: _heatmap(ok),
+            "breakdown_top.png": lambda: _breakdown(front if not front.empty else ok, df, space)}
+    pngs = [(name, draw[name]()) for name in names]
+    return [(name, png) for name, png in pngs if png is not None]
 
 
 def _human(v: float, _pos=None) -> str:
@@ -75,7 +92,7 @@ def _axis(ax, which: str, values: np.ndarray, label: str) -> None:
     getattr(ax, f"set_{which}label")(label)
 
 
-def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, path: Path) -> Path:
+def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace) -> bytes:
     cols = [o.column for o in space.objectives]
     if len(cols) == 1:   # one objective: show it against the GPU count
         cols = [cols[0], "gpus"] if cols[0] != "gpus" else [cols[0], "step_time_s"]
@@ -101,10 +118,10 @@ def _pareto(ok: pd.DataFrame, front: pd.DataFrame, space: SearchSpace, path: Pat
     # one legend: the panels share their colours (~0.1 s less than a legend placed "best" in each)
     axes[0][0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{space.study}: every feasible design; lower-left is better")
-    return _save(fig, path)
+    return _png(fig)
 
 
-def _heatmap(ok: pd.DataFrame, path: Path) -> Path | None:
+def _heatmap(ok: pd.DataFrame) -> bytes | None:
     if "tp" not in ok or "pp" not in ok:
         return None
     best = ok.groupby(["tp", "pp"])["step_time_s"].min().unstack("pp")
@@ -124,10 +141,10 @@ def _heatmap(ok: pd.DataFrame, path: Path) -> Path | None:
             ax.text(j, i, f"{v:#.3g}", ha="center", va="center", fontsize=8, color="k" if light else "w")
     fig.colorbar(im, ax=ax, label="best step time (s)")
     ax.set_title("best step time (s) at each tp x pp,\nover every other axis (blank: none feasible)", fontsize=10)
-    return _save(fig, path)
+    return _png(fig)
 
 
-def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, path: Path, top: int = 10) -> Path:
+def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, top: int = 10) -> bytes:
     first = space.objectives[0]
     rows = rows.sort_values(first.column, ascending=first.direction.value == "min")
     rows = rows.drop_duplicates(subset=[o.column for o in space.objectives]).head(top)
@@ -153,4 +170,4 @@ def _breakdown(rows: pd.DataFrame, df: pd.DataFrame, space: SearchSpace, path: P
     ax.set_title(f"where the step time goes: the {len(rows)} best distinct designs by "
                  f"{LABELS.get(first.column, first.column)}")
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, path)
+    return _png(fig)

@@ -48,3 +48,10 @@ def fake_evaluate(model, cluster, parallel, job=None, *, timeline=False, base=No
     return Result(status=CandidateStatus.OK, label=parallel.label(), step_time_s=step, tokens_per_s=tokens,
                   tflops_per_gpu=100.0, mfu=0.4, memory_gb_per_gpu=900 / (parallel.tp * parallel.pp),
                   breakdown=parts, gpus=parallel.gpus, timeline=events)
+
+
+def dies_outside(ctx, driver_pid: int, value):
+    """A side task (executor.side) whose worker dies: it gives `value` only in the driver's process."""
+    if os.getpid() != driver_pid:
+        os._exit(3)
+    return value

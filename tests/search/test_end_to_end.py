@@ -5,6 +5,7 @@ for the module (it costs seconds on a 2-core machine)."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 
 import search_fakes as fakes
 from comet.cli import main
+from comet.search.context import EvalContext
 from comet.search.driver import RunOptions, run_study
 from comet.search.space import load_space, parse_space
 
@@ -61,6 +63,31 @@ def test_serial_and_ray_identical(ray_session, tmp_path):
     pd.testing.assert_frame_equal(_table(serial.frame), _table(remote.frame))
     pd.testing.assert_frame_equal(serial.front[COLUMNS].reset_index(drop=True),
                                   remote.front[COLUMNS].reset_index(drop=True))
+
+
+def test_ray_workers_draw_the_same_plots_and_timelines(ray_session, tmp_path):
+    """On Ray the plots and timelines are drawn by the workers (executor.side): the same bytes as the
+    serial executor draws in place."""
+    space = load_space(TINY)
+    run_study(space, RunOptions(out=tmp_path / "serial", executor="serial"))
+    run_study(space, RunOptions(out=tmp_path / "ray", executor="ray", workers=2, chunk_size=3))
+    drawn = [p.relative_to(tmp_path / "serial") for p in (tmp_path / "serial").rglob("*")
+             if p.suffix == ".png" or p.name.endswith(".json.gz")]
+    assert len(drawn) >= 4 and any(p.parent.name == "timelines" for p in drawn)
+    for rel in drawn:
+        assert (tmp_path / "ray" / rel).read_bytes() == (tmp_path / "serial" / rel).read_bytes(), rel
+
+
+def test_side_task_whose_worker_dies_runs_in_the_driver(ray_session):
+    """A plot or timeline task that kills its worker is drawn by the driver instead, as the serial
+    executor would: the study's outputs do not depend on a worker surviving."""
+    from comet.search.executor import RayExecutor
+    executor = RayExecutor(EvalContext(model=None, cluster=None, job=None), workers=2)
+    try:
+        pending = executor.side(fakes.dies_outside, os.getpid(), executor.share({"drawn": 1}))
+        assert pending() == {"drawn": 1}
+    finally:
+        executor.close()
 
 
 @pytest.fixture
