@@ -36,6 +36,7 @@ class EvalContext:
     base: Any = None                 # StepGraph of the study's base trace, or None
     evaluate_fn: Callable | None = None   # None: comet.evaluate.evaluate (tests inject a fake)
     precheck_fn: Callable | None = None   # None: comet.evaluate.precheck
+    fingerprint: str = ""            # of the study (driver.build_context): in every journal record
 
     @property
     def gpus_per_chassis(self) -> int:

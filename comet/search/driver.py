@@ -28,6 +28,7 @@ from comet.search.context import (Candidate, EvalContext, cluster_axes, context_
 from comet.search.executor import make_executor
 from comet.search.front import merge_equivalent
 from comet.search.lock import ResultsLock
+from comet.search.records import Finished, flatten
 from comet.search.space import PARALLEL_AXES, Method, SearchSpace, grid_size
 
 # The grid is enumerated (and pruned) in memory before evaluation, so memory and the wait before the
@@ -102,7 +103,7 @@ def build_context(space: SearchSpace, opts: RunOptions) -> tuple[EvalContext, st
                                        "global_batch": space.global_batch, "engine": engine_fingerprint(),
                                        # a replaced trace at the same path changes the factors: not resumed
                                        "calibration": _calibration(base).factors if _calibration(base) else None})
-    return ctx, fingerprint
+    return replace(ctx, fingerprint=fingerprint), fingerprint
 
 
 def _calibration(base):
@@ -174,7 +175,9 @@ class _State:
 
     def __init__(self, journal: res_io.Journal, fingerprint: str, progress: Progress):
         self.journal, self.fingerprint, self.progress = journal, fingerprint, progress
-        self.done = {k: r for k, r in journal.load().items() if r.get("fp") == fingerprint}
+        # key -> journal record (dict) read from the journal, or this run's records.Finished
+        self.done: dict[str, dict | Finished] = {
+            k: r for k, r in journal.load().items() if r.get("fp") == fingerprint}
         self.from_journal = frozenset(self.done)
         self.scope: set[str] | None = None     # keys of this space's candidates (None: every record)
         self.budget_stop = False                # stopped by the wall-time budget with candidates left
@@ -184,26 +187,29 @@ class _State:
         self.where = ""                           # where the candidates are evaluated
         self.t_start = self.t_end = None    # monotonic: evaluation began (executor up, candidates listed), ended
 
-    def record(self, finished) -> None:
-        """Journal a finished chunk [(candidate, result, attempts)] in one write, then report each."""
-        for cand, result, attempts in finished:
-            rec = res_io.make_record(cand, result, attempts)
-            rec["fp"] = self.fingerprint
-            self.journal.append(rec)
-            self.done[cand.key] = rec
+    def record(self, finished: list[Finished]) -> None:
+        """Journal a finished chunk in one write, then report each."""
+        for done in finished:
+            self.journal.append_line(done.key, done.line)
+            self.done[done.key] = done
+            self.rows[done.key] = done.row
         self.journal.flush()
-        for cand, _, _ in finished:
+        for done in finished:
             self.evaluated_now += 1
-            self.progress.advance(self.row(cand.key))
+            self.progress.advance(done.row)
 
     def placed(self, executor) -> None:
         """Once the candidates are listed: where they run (waits for a Ray still starting)."""
         self.where = executor.where
         self.progress.placed(self.where)
 
+    def record_of(self, key: str) -> dict:
+        done = self.done[key]
+        return done.record() if isinstance(done, Finished) else done
+
     def row(self, key: str) -> dict:
         if key not in self.rows:
-            self.rows[key] = res_io.flatten(self.done[key])
+            self.rows[key] = flatten(self.done[key])
         return self.rows[key]
 
 
@@ -397,9 +403,8 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
             opts, where: str = "", executor=None) -> StudyOutcome:
     from comet.search import summary
 
-    records = [r for k, r in state.done.items() if state.scope is None or k in state.scope]
-    df = res_io.to_frame(records, study_columns(space, ctx), cluster_axes(ctx.cluster),
-                         row=lambda rec: state.row(rec["key"]))
+    rows = [state.row(k) for k in state.done if state.scope is None or k in state.scope]
+    df = res_io.frame(rows, study_columns(space, ctx), cluster_axes(ctx.cluster))
     front = res_io.pareto_rows(df, space)
     drawn = []      # (folder, [(file name, bytes)] or a pending side task)
     if not interrupted and not df.empty:
@@ -410,7 +415,7 @@ def _finish(space, ctx, state: _State, stats, out: Path, seed, trials, fingerpri
                   for names in artifacts.PLOT_TASKS]
         if opts.timelines:
             for name, key, meta in artifacts.timeline_designs(space, front, df, ctx.model.name, ctx.cluster.name):
-                cand = candidate_from_record(state.done[key])
+                cand = candidate_from_record(state.record_of(key))
                 drawn.append((out / "timelines", _named(name, executor.side(artifacts.timeline_file, cand, meta))))
     files = res_io.write_tables(df, front, out) if not df.empty else []
     files.append(res_io.write_study_yaml(space, out, {

@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterable
 
 from comet.result import CandidateStatus, Result
 from comet.search.context import Candidate, EvalContext, evaluate_chunk
+from comet.search.records import Finished, finish
 
-Done = list[tuple[Candidate, Result, int]]   # (candidate, result, attempts)
+Done = list[Finished]   # journal line and table row of each candidate of a chunk
 
 
 class SerialExecutor:
@@ -37,8 +38,7 @@ class SerialExecutor:
         self._queue.append(chunk)
 
     def wait(self) -> Done:
-        chunk = self._queue.popleft()
-        return [(c, r, 1) for c, (_, r) in zip(chunk, evaluate_chunk(self.ctx, chunk))]
+        return _finished(self.ctx, self._queue.popleft(), 1)
 
     def cancel(self) -> None:
         self._queue.clear()
@@ -78,8 +78,12 @@ def _context(box: list) -> EvalContext:
     return ctx
 
 
-def _run_chunk(box: list, chunk: list[Candidate]):
-    return evaluate_chunk(_context(box), chunk)
+def _finished(ctx: EvalContext, chunk: list[Candidate], attempt: int) -> Done:
+    return [finish(c, r, attempt, ctx.fingerprint) for c, (_, r) in zip(chunk, evaluate_chunk(ctx, chunk))]
+
+
+def _run_chunk(box: list, chunk: list[Candidate], attempt: int) -> Done:
+    return _finished(_context(box), chunk, attempt)
 
 
 def _side(box: list, fn: Callable, *args):
@@ -203,7 +207,7 @@ class RayExecutor:
 
     def submit(self, chunk: list[Candidate], attempt: int = 1) -> None:
         self._ready()
-        ref = self._remote.remote(self._ctx_box, chunk)
+        ref = self._remote.remote(self._ctx_box, chunk, attempt)
         self._pending[ref] = (chunk, attempt)
 
     def wait(self) -> Done:
@@ -212,10 +216,9 @@ class RayExecutor:
         ref = ready[0]
         chunk, attempt = self._pending.pop(ref)
         try:
-            out = self._ray.get(ref)
+            return self._ray.get(ref)
         except self._ray.exceptions.RayError as exc:
             return self._crashed(chunk, attempt, exc)
-        return [(c, r, attempt) for c, (_, r) in zip(chunk, out)]
 
     def _crashed(self, chunk: list[Candidate], attempt: int, exc: Exception) -> Done:
         if attempt == 1:
@@ -224,8 +227,8 @@ class RayExecutor:
             return []
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         reason = f"worker crashed twice ({type(exc).__name__}: {first[:200]})"
-        return [(c, Result(status=CandidateStatus.ERROR, reason=reason, label=c.parallel.label(),
-                           gpus=c.parallel.gpus or 0), attempt) for c in chunk]
+        return [finish(c, Result(status=CandidateStatus.ERROR, reason=reason, label=c.parallel.label(),
+                                 gpus=c.parallel.gpus or 0), attempt, self._ctx.fingerprint) for c in chunk]
 
     def side(self, fn: Callable, *args) -> Callable[[], Any]:
         """fn(context, *args) as a Ray task, for the study's outputs (plots, timelines) once every chunk

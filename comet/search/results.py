@@ -8,22 +8,16 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 import yaml
 
-from comet.result import BREAKDOWN_KEYS, Result
-from comet.search.context import PROVISION_KEYS, Candidate, parallel_dict
+from comet.search.context import PROVISION_KEYS
 from comet.search.pareto import pareto_mask
+from comet.search.records import _json_default
 from comet.search.space import Direction, SearchSpace
 
 JOURNAL = "journal.jsonl"
-PARALLEL_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "ep", "etp", "sequence_parallel", "schedule", "micro_batch",
-                    "recompute", "zero", "precision", "offload",
-                    "moe_dispatcher", "moe_capacity_factor", "moe_imbalance", "moe_overlap_a2a")
-METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tflops_per_gpu", "memory_gb_per_gpu")
 
 
 class Journal:
@@ -67,10 +61,14 @@ class Journal:
 
     def append(self, record: dict) -> None:
         """Queue one record (written by the next flush)."""
-        if record["key"] in self._keys:
+        self.append_line(record["key"], json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+
+    def append_line(self, key: str, line: str) -> None:
+        """Queue the JSON line of the record of `key`, newline included (records.finish made it)."""
+        if key in self._keys:
             self._only_mine = False
-        self._keys.add(record["key"])
-        self._pending.append(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
+        self._keys.add(key)
+        self._pending.append(line)
 
     def flush(self) -> None:
         if not self._pending:
@@ -125,52 +123,12 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "value"):
-        return obj.value
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    return str(obj)
-
-
-def make_record(cand: Candidate, result: Result, attempts: int = 1) -> dict:
-    """The journal line of one evaluated candidate (no timeline: those are written separately)."""
-    return {"key": cand.key, "number": cand.number, "params": dict(cand.params),
-            "provision": cand.provision_dict, "parallel": parallel_dict(cand.parallel),
-            "result": result.to_dict(timeline=False), "attempts": attempts}
-
-
-def flatten(record: dict) -> dict:
-    """One table row: provisioning, parallel config, status, metrics, breakdown, memory, cost."""
-    res = record["result"]
-    row: dict[str, Any] = {"key": record["key"], "number": record["number"], "label": res.get("label", ""),
-                           "status": res["status"], "reason": res.get("reason", ""),
-                           "gpus": res.get("gpus") or record["parallel"].get("gpus"),
-                           "attempts": record.get("attempts", 1)}
-    row.update(record["provision"])
-    row.update({k: record["parallel"].get(k) for k in PARALLEL_COLUMNS})
-    row.update({k: _num(res.get(k)) for k in METRIC_COLUMNS})
-    for k in BREAKDOWN_KEYS:
-        row[f"breakdown.{k}"] = _num(res.get("breakdown", {}).get(k))
-    for k, v in res.get("memory", {}).items():
-        row[f"memory.{k}"] = _num(v)
-    for k, v in res.get("extra", {}).items():
-        row[k] = _num(v) if isinstance(v, (int, float)) or v is None else v
-    return row
-
-
-def _num(v: Any) -> float:
-    return float("nan") if v is None else float(v)
-
-
-def to_frame(records: list[dict], study: dict | None = None, cluster: dict | None = None,
-             row: Callable[[dict], dict] = None) -> pd.DataFrame:
-    """The candidates table. `study` holds columns every row shares (model, job, cluster spec name) and
-    `cluster` the base cluster's value of every provisioning axis (context.cluster_axes): an axis a row
-    does not set comes from there, so each row names its complete cluster. `row` gives a record's
-    flattened row (default `flatten`; the driver passes the rows it already flattened, not modified here)."""
-    row = row or flatten
-    rows = [{**(study or {}), **row(r)} for r in sorted(records, key=lambda r: (r["number"], r["key"]))]
+def frame(flat: list[dict], study: dict | None = None, cluster: dict | None = None) -> pd.DataFrame:
+    """The candidates table of flattened rows (records.flatten: not modified here), in candidate order.
+    `study` holds columns every row shares (model, job, cluster spec name) and `cluster` the base
+    cluster's value of every provisioning axis (context.cluster_axes): an axis a row does not set comes
+    from there, so each row names its complete cluster."""
+    rows = [{**(study or {}), **r} for r in sorted(flat, key=lambda r: (r["number"], r["key"]))]
     if cluster:
         for r in rows:
             for k, v in cluster.items():

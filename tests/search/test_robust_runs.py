@@ -75,20 +75,20 @@ def test_grid_too_large_is_refused_before_enumeration(tiny_raw):
 def test_full_disk_is_one_line_and_the_journal_resumes(tiny_raw, tmp_path, monkeypatch, capsys, write_space):
     path = write_space(tiny_raw)
     out = tmp_path / "out"
-    real_append, calls = res_io.Journal.append, {"n": 0}
+    real_append, calls = res_io.Journal.append_line, {"n": 0}
 
-    def append_until_full(self, record):
+    def append_until_full(self, key, line):
         calls["n"] += 1
         if calls["n"] > 5:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
-        real_append(self, record)
+        real_append(self, key, line)
 
-    monkeypatch.setattr(res_io.Journal, "append", append_until_full)
+    monkeypatch.setattr(res_io.Journal, "append_line", append_until_full)
     argv = ["search", str(path), "--executor", "serial", "--no-timelines", "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "No space left on device" in err[0] and "run the same command again" in err[0]
     assert len(res_io.Journal(out / res_io.JOURNAL).load()) == 5
-    monkeypatch.setattr(res_io.Journal, "append", real_append)
+    monkeypatch.setattr(res_io.Journal, "append_line", real_append)
     assert main(argv) == 0
     assert "resuming: 5 candidates" in capsys.readouterr().out
