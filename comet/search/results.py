@@ -36,6 +36,8 @@ class Journal:
         self._pending: list[str] = []
         self._keys: set[str] = set()
         self._only_mine: bool | None = None   # the plain journal holds only this run's whole, distinct lines
+        self._packing: gzip.GzipFile | None = None   # while _only_mine: those lines compressed as written
+        self._packed = self.gz.with_name(self.gz.name + ".tmp")
 
     def load(self) -> dict[str, dict]:
         records: dict[str, dict] = {}
@@ -84,9 +86,34 @@ class Journal:
         try:
             self._file.write(text)
             self._file.flush()
+            if self._only_mine:
+                self._pack(text)
         except OSError:
             self._only_mine = False      # a partial write (full disk): compact parses every line
             raise
+
+    def _pack(self, text: str) -> None:
+        """perf: this run's lines compressed as they are written (one gzip stream, beside the journal),
+        so that compact() only renames it: on Ray the driver waits for the workers meanwhile, and the
+        compression (~0.1 s for gpt3_1t) is off the end of the run."""
+        if self._packing is None:
+            # level 3: half the time of 6 (gpt3_1t: 14 MB of JSON, 2.0 MB instead of 1.5 MB)
+            self._packing = gzip.GzipFile(filename="", mode="wb", fileobj=self._packed.open("wb"),
+                                          compresslevel=3, mtime=0)
+        self._packing.write(text.encode())
+
+    def _stop_packing(self) -> bool:
+        """Close the stream of _pack; True when it holds the whole journal (else it is removed)."""
+        packing, self._packing = self._packing, None
+        if packing is None:
+            return False
+        raw = packing.fileobj
+        packing.close()          # the gzip trailer; the file object is ours to close
+        raw.close()
+        if self._only_mine:
+            return True
+        self._packed.unlink(missing_ok=True)
+        return False
 
     def close(self) -> None:
         if self._file is not None or self._pending:
@@ -102,17 +129,14 @@ class Journal:
     def compact(self) -> None:
         """Fold journal.jsonl into journal.jsonl.gz (one line per candidate, the last record of a key wins)."""
         self.close()
+        packed = self._stop_packing()
         if not self.path.exists():
             return
-        if self._only_mine:   # perf: whole, distinct lines this run wrote: compressed as they are
-            data = self.path.read_bytes()
-        else:
+        if not packed:   # lines of an earlier run or a key written twice: the last record of each key
             data = "".join(json.dumps(rec, default=_json_default, allow_nan=True) + "\n"
                            for rec in self.load().values()).encode()
-        tmp = self.gz.with_name(self.gz.name + ".tmp")
-        # perf: level 3, half the time of 6 (gpt3_1t: 14 MB of JSON in 0.07 s, 2.0 MB instead of 1.5 MB)
-        tmp.write_bytes(gzip.compress(data, compresslevel=3, mtime=0))
-        os.replace(tmp, self.gz)
+            self._packed.write_bytes(gzip.compress(data, compresslevel=3, mtime=0))
+        os.replace(self._packed, self.gz)
         self.path.unlink()
         self._only_mine, self._keys = None, set()
 
