@@ -97,6 +97,10 @@ def _warm(box: list) -> None:
         import comet.evaluate  # noqa: F401
 
 
+class _Shared(int):
+    """A handle of RayExecutor.share."""
+
+
 class RayExecutor:
     """Chunks as Ray tasks, on a private local Ray with `workers` CPUs or on the cluster at `address`
     (comet/search/ray_runtime.py). `where` says which, for the run's first line and summary.md."""
@@ -116,7 +120,7 @@ class RayExecutor:
         self._pending: dict = {}                  # ObjectRef -> (chunk, attempt)
         self._prepared: list = []                 # refs of prepare() tasks (kept until close)
         self._sides: list[list] = []              # [ref] of each side() task, emptied when its value is taken
-        self._shared: dict = {}                   # ObjectRef -> object, of share()
+        self._shared: dict = {}                   # share(): handle -> (object, its ObjectRef)
         self._failure: BaseException | None = None
         self._catch_sigterm()
         # perf: Ray takes seconds to start; the driver lists and prunes the candidates meanwhile, and the
@@ -238,8 +242,10 @@ class RayExecutor:
         self._ready()
         # the ref is held here, not by the caller: cancel() drops it before Ray shuts down (a ref freed
         # after the shutdown ends the process)
-        box = [self._side.remote(self._ctx_box, fn, *args)]
+        box = [self._side.remote(self._ctx_box, fn, *[self._shared[a][1] if isinstance(a, _Shared) else a
+                                                       for a in args])]
         self._sides.append(box)
+        local = [self._shared[a][0] if isinstance(a, _Shared) else a for a in args]   # no ref in the closure
 
         def value():
             try:
@@ -249,16 +255,16 @@ class RayExecutor:
                 pass
             finally:
                 box.clear()
-            return fn(self._ctx, *[self._shared.get(a, a) if isinstance(a, self._ray.ObjectRef) else a
-                                   for a in args])
+            return fn(self._ctx, *local)
         return value
 
-    def share(self, obj: Any) -> Any:
-        """obj in the object store once, for several side() calls (Ray gives their tasks the value)."""
+    def share(self, obj: Any) -> "_Shared":
+        """obj in the object store once, for several side() calls (Ray gives their tasks the value). The
+        caller holds a plain handle: every ObjectRef stays here, dropped by cancel() before Ray shuts down."""
         self._ready()
-        ref = self._ray.put(obj)
-        self._shared[ref] = obj
-        return ref
+        handle = _Shared(len(self._shared))
+        self._shared[handle] = (obj, self._ray.put(obj))
+        return handle
 
     def prepare(self, fn: Callable) -> None:
         """fn(context) once per worker, not waited for: submitted when the last chunk is, it runs as

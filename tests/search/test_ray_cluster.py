@@ -86,6 +86,7 @@ def test_search_joins_token_auth_cluster_by_address(ray_head, tmp_path):
     df = pd.read_parquet(tmp_path / "candidates.parquet")
     assert len(df) == 22 and (df["status"] == "ok").all()
     assert f"Ray cluster at {ray_head['address']}" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"   # drawn by the cluster's workers
 
 
 def test_search_joins_by_auto(ray_head, tmp_path):
