@@ -63,13 +63,27 @@ def flatten(record: dict) -> dict:
     row.update(record["provision"])
     row.update({k: record["parallel"].get(k) for k in PARALLEL_COLUMNS})
     row.update({k: _num(res.get(k)) for k in METRIC_COLUMNS})
-    for k in BREAKDOWN_KEYS:
-        row[f"breakdown.{k}"] = _num(res.get("breakdown", {}).get(k))
+    breakdown = res.get("breakdown", {})
+    for k, col in _BREAKDOWN_COLUMNS.items():
+        row[col] = _num(breakdown.get(k))
     for k, v in res.get("memory", {}).items():
-        row[f"memory.{k}"] = _num(v)
+        row[_column("memory.", k)] = _num(v)
     for k, v in res.get("extra", {}).items():
         row[k] = _num(v) if isinstance(v, (int, float)) or v is None else v
     return row
+
+
+# perf: one string object per column name, so a chunk of rows pickled by a Ray worker names each
+# column once (pickle's memo is by identity): 3.7 KB a candidate with new strings per row
+_BREAKDOWN_COLUMNS = {k: f"breakdown.{k}" for k in BREAKDOWN_KEYS}
+_columns: dict[tuple[str, str], str] = {}
+
+
+def _column(prefix: str, key: str) -> str:
+    col = _columns.get((prefix, key))
+    if col is None:
+        col = _columns[(prefix, key)] = prefix + key
+    return col
 
 
 def _num(v: Any) -> float:
