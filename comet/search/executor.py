@@ -165,6 +165,8 @@ class RayExecutor:
             self._up.set()
         self._done.wait()
         try:                                      # close(): shut down here, beside the driver's writing
+            if self._cleanup is not None:         # the private Ray this executor started
+                ray_runtime.stop_helpers(self._ray)
             if self._started:
                 self._ray.shutdown()
         except BaseException as exc:  # noqa: BLE001 - raised again by join()

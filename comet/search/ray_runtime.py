@@ -89,6 +89,40 @@ def start_local(ray, workers: int | None) -> tuple[RayPlacement, Callable[[], No
     return _placement(ray, "local", temp_dir), cleanup
 
 
+HELPER_STOP_S = 0.5   # a helper still running after SIGTERM and this long is killed
+
+
+def stop_helpers(ray) -> None:
+    """Before ray.shutdown() of a private Ray: its helper processes (autoscaler monitor, dashboard, log
+    monitor; none runs a task) signalled all at once. Ray stops its processes one after the other,
+    giving each up to 1 s after SIGTERM, and its autoscaler monitor takes the whole second (measured:
+    1.01 s of a 1.61 s shutdown; the dashboard 0.03 s, the log monitor 0.02 s). The raylet and the GCS
+    are left to ray.shutdown(), in its order; a helper already stopped is skipped there. Reads Ray's
+    private node table: with a Ray that lacks it, nothing is done here."""
+    try:
+        from ray._private import ray_constants, worker
+        infos = worker._global_node.all_processes
+        procs = [(kind, info.process) for kind in (ray_constants.PROCESS_TYPE_MONITOR,
+                                                   ray_constants.PROCESS_TYPE_DASHBOARD,
+                                                   ray_constants.PROCESS_TYPE_LOG_MONITOR)
+                 for info in infos.get(kind, ())]
+    except (ImportError, AttributeError):
+        return
+    import subprocess
+    import time
+    for kind, proc in procs:
+        with contextlib.suppress(OSError):   # the monitor killed: on SIGTERM it reports its death to the driver
+            proc.kill() if kind == ray_constants.PROCESS_TYPE_MONITOR else proc.terminate()
+    deadline = time.monotonic() + HELPER_STOP_S
+    for _, proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            proc.wait()
+
+
 def _start_reaper(temp_dir: str):
     """The watchdog that kills this Ray's processes if this process dies without shutting it down."""
     import subprocess

@@ -107,6 +107,7 @@ def test_default_local_ray_is_private(ray_head, tmp_path, monkeypatch):
     """With a `ray start` cluster on the machine and RAY_ADDRESS pointing at it, the default run still
     starts its own Ray, on loopback, and removes its temp dir afterwards."""
     ray = pytest.importorskip("ray")
+    psutil = pytest.importorskip("psutil")
     from comet.config.cluster import load_cluster
     from comet.config.job import JobSpec
     from comet.config.model import load_model
@@ -121,9 +122,12 @@ def test_default_local_ray_is_private(ray_head, tmp_path, monkeypatch):
         assert ex.where.startswith("private local Ray at 127.0.0.1:") and ray_head["address"] not in ex.where
         temp = ex.where.split("temp ")[1].rstrip(")")
         assert Path(temp).is_dir()
+        started = [p for p in psutil.Process().children(recursive=True) if temp in " ".join(p.cmdline())]
+        assert len(started) >= 3       # GCS, raylet, helpers (ray_runtime.stop_helpers stops some first)
     finally:
         ex.close()
     assert not Path(temp).exists()
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_unreachable_address_fails_in_seconds(capsys):
