@@ -18,6 +18,7 @@ import networkx as nx
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
 from comet.graph.block import Block, chain_edges
+from comet.graph.op_table import LEFT_OUT, TRANSFER, TableWriter
 from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
                             KernelClass, Op, OpKind, Phase)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
@@ -94,14 +95,20 @@ class BlockBuilder:
         # perf: ops and data edges in lists; no networkx graph is built unless one is asked for (graph/block.py)
         self.ops: list[Op] = []
         self.deps: list[tuple[int, int]] = []
+        # perf: each op's row of the block's table (graph/op_table.py) written here, where its kind is
+        # known: the replay's compiled cost model and packing read it without a pass over the Op objects
+        self.table = TableWriter()
         self.phase = phase
         self.par = par
         self.model = model
         self.fp8 = par.precision is Precision.FP8
 
-    def _add(self, op: Op, after) -> int:
+    def _add(self, op: Op, after, written: bool = False) -> int:
+        """`written`: the op's table row is written already (else derived from the op)."""
         nid = len(self.ops)
         self.ops.append(op)
+        if not written:
+            self.table.op(op)
         for u in after:
             if u is not None:
                 self.deps.append((u, nid))
@@ -115,9 +122,10 @@ class BlockBuilder:
         fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
         if fp8 and not cast_done:
             after = self._fp8_casts(name, m, n, k, after)
+        dtype = 1 if fp8 else 2
+        self.table.gemm(m, n, k, batch, dtype)
         return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
-                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
-                            phase=self.phase), after)
+                            flops=2.0 * m * n * k * batch, dtype_bytes=dtype, phase=self.phase), after, True)
 
     def _fp8_casts(self, name: str, m: int, n: int, k: int, after) -> list:
         """The kernels that quantize an FP8 GEMM's operands (m x k is the activation or output gradient,
@@ -160,35 +168,42 @@ class BlockBuilder:
         return self.fp8 and self.par.fp8_impl == "te" and not name.startswith("logits")
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
-        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
-                            phase=self.phase), after)
+        nbytes = float(nbytes)
+        self.table.memory(nbytes)
+        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=nbytes, phase=self.phase),
+                         after, True)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
+        variant = "" if self.par.attention_kernel == "fused" else self.par.attention_kernel
+        self.table.attention(flops, self.phase, variant)
         return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
-                            variant="" if self.par.attention_kernel == "fused" else self.par.attention_kernel,
-                            phase=self.phase), after)
+                            variant=variant, phase=self.phase), after, True)
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
         size, stride, stream = group_geometry(group, self.par)
+        self.table.placed(TRANSFER, stream, OpKind.COLLECTIVE, group)
         # perf: Enum._value_ is the member's value (.value is a Python-level property, ~0.3 us a read)
         return self._add(_op(name, OpKind.COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
                             group=group._value_, group_kind=group, group_size=size, group_stride=stride,
-                            flat_ring=flat_ring, phase=self.phase), after)
+                            flat_ring=flat_ring, phase=self.phase), after, True)
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
         size, stride, stream = group_geometry(group, self.par)
+        self.table.placed(TRANSFER, stream, OpKind.SEND, group)
         return self._add(_op(name, OpKind.SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
-                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after)
+                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after,
+                         True)
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
+        self.table.placed(LEFT_OUT, OFFLOAD_STREAM, OpKind.MEMCPY, None)
         return self._add(_op(name, OpKind.MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
-                         after)
+                         after, True)
 
     def done(self) -> nx.DiGraph:
         """The block (a DiGraph, built on first use): ops in insertion order, data edges, and stream
         order between consecutive ops of a stream."""
-        return Block.of(self.ops, chain_edges(self.ops, self.deps))
+        return Block.of(self.ops, chain_edges(self.ops, self.deps), self.table)
 
 
 def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:
