@@ -3,6 +3,7 @@ reused for every occurrence (identical layers, identical micro-batches)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -17,8 +18,6 @@ from comet.replay import block_kernel, cache, compute_costs
 from comet.replay.compile import compile_graph
 from comet.replay.engine import Replay, replay, replay_graph
 from comet.replay.timing import timed_s
-
-_NETWORK_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)   # timed by comet/hardware/network.py
 
 # Exposed communication is charged to the first active category in this order.
 _COMM_ORDER = block_kernel.COMM_ORDER
@@ -118,25 +117,25 @@ def _time_block_shared(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> B
     sig = cache.block_signature(g)
     key = (sig, cache.timing_key(cluster), precision)
     dur = cache.durations.get(key)
-    array = None
+    table = array = None
     if dur is None:
-        every, array = _durations(g, sig, cluster, precision)
+        table = _table(g, sig)
+        every, array = _durations(table, sig, cluster, precision)
         dur = cache.Signature(every)
         cache.durations.add(key, dur)
     key = (sig, dur, cluster.efficiency.overlap_slowdown)
     timing = cache.replays.get(key)
     if timing is None:   # shared between candidates: read-only from here on
-        timing = _replayed(g, sig, dur.value, key[2], array)
+        timing = _replayed(g, sig, dur.value, key[2], table, array)
         cache.replays.add(key, timing)
     return timing
 
 
-def _durations(g, sig, cluster: ClusterSpec, precision: str) -> tuple:
+def _durations(table: "_OpTable", sig, cluster: ClusterSpec, precision: str) -> tuple:
     """Every op's duration in node order, as a tuple and (where the compiled model ran) an array.
     Kernel and copy times read only the GPU side of the cluster: clusters that differ in the network
-    share them (None in that entry where an op is a transfer timed by the network-keyed cache,
+    share them (NaN in that entry where an op is a transfer timed by the network-keyed cache,
     replay/timing.py)."""
-    table = _table(g, sig)
     key = (sig, "on GPU", cache.compute_key(cluster), precision)
     local = cache.durations.get(key)
     array = None
@@ -156,25 +155,23 @@ def _durations(g, sig, cluster: ClusterSpec, precision: str) -> tuple:
 
 
 def _on_gpu(table: "_OpTable", ops: list, cluster: ClusterSpec, precision: str) -> tuple:
-    """The durations of the ops the GPU side of the cluster times (None for the network's transfers),
+    """The durations of the ops the GPU side of the cluster times (NaN for the network's transfers),
     and an array of them (the transfers' entries to be filled): the compute kernels in one compiled
     call (replay/compute_costs.py, equal bit for bit to hardware/compute.py), the rest (measured,
     copies, what the compiled model leaves out) by timed_s."""
-    n = len(ops)
     if table.array is None:    # without numba
-        times, left, array = [None] * n, range(n), None
+        times, left, array = [math.nan] * len(ops), table.on_gpu, None
     else:
         out = compute_costs.kernel_times(table.array, _constants(cluster, precision))
         times = out.tolist()
-        # perf: the rows the compiled model leaves out are known per block; a row it could not time
-        # (a size out of int64's reach, a constant the Python model rejects) is rare: then every NaN
-        left = table.left_out if not times.pop() else [i for i, d in enumerate(times) if d != d]
-        array = out[:n]
+        # perf: the rows the compiled model leaves out are known per block (none in a GPT layer); a
+        # row it could not time (a size out of int64's reach, a constant the Python model rejects)
+        # is rare: then every NaN that is not a transfer
+        left = table.left_out if not times.pop() else [i for i in table.on_gpu if times[i] != times[i]]
+        array = out[:len(ops)]
     for i in left:
-        op = ops[i]
-        d = times[i] = None if op.duration_s is None and op.kind in _NETWORK_KINDS \
-            else float(timed_s(op, cluster, precision))
-        if array is not None and d is not None:
+        d = times[i] = float(timed_s(ops[i], cluster, precision))
+        if array is not None:
             array[i] = d
     return tuple(times), array
 
@@ -185,7 +182,7 @@ class _OpTable:
     compiled cost model leaves out, and the transfers: one op per distinct network cost-model call
     with the node ids that share it. `with_edges`: built from a Block's lists, so the table holds the
     edges the packing reads (a materialized graph of the same content has the same signature)."""
-    __slots__ = ("array", "transfers", "left_out", "with_edges")
+    __slots__ = ("array", "transfers", "left_out", "on_gpu", "with_edges")
 
     def __init__(self, g, ops: list):
         writer = block_table(g)
@@ -197,11 +194,12 @@ class _OpTable:
         self.array = writer.array(list(map(_SOURCE, edges)), list(map(_TARGET, edges))) if compute_costs.HAVE_NUMBA \
             else None
         codes = writer.rows[CODE::ROW_WIDTH]
-        self.left_out = [i for i, code in enumerate(codes) if code == LEFT_OUT or code == TRANSFER]
+        self.left_out = [i for i, code in enumerate(codes) if code == LEFT_OUT]     # timed by timed_s
+        self.on_gpu = [i for i, code in enumerate(codes) if code != TRANSFER]     # all but the transfers
         same: dict = {}
         cp = GroupKind.CP
-        for i in self.left_out:
-            if codes[i] == TRANSFER:
+        for i, code in enumerate(codes):
+            if code == TRANSFER:
                 op = ops[i]
                 # what timing.op_time_s reads of a transfer (its kind by identity, as op_time_s tests it)
                 key = (id(op.kind), op.collective, op.msg_bytes, op.group_size, op.group_stride, op.flat_ring,
@@ -228,10 +226,12 @@ def _constants(cluster: ClusterSpec, precision: str) -> np.ndarray:
                               lambda: compute_costs.constants(cluster, precision))
 
 
-def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, array: np.ndarray | None = None) -> BlockTiming:
+def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, table: "_OpTable | None" = None,
+              array: np.ndarray | None = None) -> BlockTiming:
     """The block's duration and exposure parts: the compiled engine (block_kernel.py) where numba is
     installed, equal bit for bit to the Python engine and exposure_parts (tested), else those.
-    `array`: `dur` as an array, where _durations made one."""
+    `table`: the block's _OpTable where the caller has it; `array`: `dur` as an array, where
+    _durations made one."""
     if not block_kernel.HAVE_NUMBA:
         rep = replay(cache.compiled.get_or(sig, lambda: compile_graph(g)), list(dur), overlap_slowdown=slowdown)
         return BlockTiming(rep.makespan, exposure_parts(rep))
@@ -239,7 +239,8 @@ def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, array: np.ndarray
     packed = cache.compiled.get(key)
     if packed is None:
         # perf: a built block is packed from its table in one compiled pass (block_kernel.pack_rows)
-        table = _table(g, sig)
+        if table is None:
+            table = _table(g, sig)
         packed = block_kernel.pack_rows(table.array) if table.with_edges else None
         if packed is None:
             packed = block_kernel.pack_graph(g)
