@@ -114,6 +114,19 @@ def pack_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return structure, np.zeros(structure[1])
 
 
+@njit(inline="always")
+def _dense(seen, count, x):
+    """x's number in order of first appearance among seen[:count] (pack_block's dict.setdefault), and
+    the new count."""
+    k = 0
+    while k < count and seen[k] != x:
+        k += 1
+    if k == count:
+        seen[k] = x
+        count += 1
+    return k, count
+
+
 @njit(cache=True, nogil=True)
 def _pack_rows(table, flags_category):
     """The structure pack_block builds, from the table (edges forward, sorted by source); an empty
@@ -132,19 +145,8 @@ def _pack_rows(table, flags_category):
             return np.empty(0, dtype=np.int64)
         place = table[row + PLACE]
         r = place // STREAMS_PER_RANK
-        # dense numbers in order of first appearance (pack_block's dict.setdefault)
-        res = 0
-        while res < n_res and places[res] != place:
-            res += 1
-        if res == n_res:
-            places[res] = place
-            n_res += 1
-        rk = 0
-        while rk < n_ranks and ranks[rk] != r:
-            rk += 1
-        if rk == n_ranks:
-            ranks[rk] = r
-            n_ranks += 1
+        res, n_res = _dense(places, n_res, place)
+        rk, n_ranks = _dense(ranks, n_ranks, r)
         kind, group = kg // GROUPS_PER_KIND, kg % GROUPS_PER_KIND
         out[o + i] = res
         out[o + n + i] = rk
