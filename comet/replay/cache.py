@@ -358,8 +358,9 @@ def stage_config(par):
     """The parallel configuration without the global batch, which only the pipeline plan reads (its
     micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py).
     A key, never a configuration to run."""
-    # perf: the field set without re-running __init__ (config/frozen.py)
-    return replace_fields(par, global_batch=1)
+    # perf: kept by the configuration once computed (ParallelConfig.batch_free: the same object, its hash
+    # computed once, for each cache keyed by it)
+    return par.batch_free()
 
 
 def object_key(obj) -> tuple:
