@@ -28,6 +28,7 @@ if TYPE_CHECKING:   # pandas is imported by the functions that build frames
 
 DEFAULT_CLUSTER = "h100_dgx"
 PARALLEL_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
+_PARALLEL_FIELD_SET = frozenset(PARALLEL_FIELDS)
 # keys of an estimate request besides the ParallelConfig fields (also the keys of `estimate --config`)
 REQUEST_FIELDS = ("model", "cluster", "total_tokens")
 
@@ -35,10 +36,9 @@ REQUEST_FIELDS = ("model", "cluster", "total_tokens")
 def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelConfig:
     """A ParallelConfig from plain values (strings for enums, lists for offload), every value checked
     by the project's strict loader; `vpp > 1` implies the interleaved schedule unless one is given."""
-    params = {k: v for k, v in params.items() if v is not None}
+    params = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
     if params.get("vpp", 1) > 1 and "schedule" not in params:
         params["schedule"] = Schedule.INTERLEAVED.value
-    params = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items()}
     if isinstance(params.get("offload"), (str, bytes)):
         params["offload"] = [params["offload"]]
     return from_dict(ParallelConfig, params, source=source)
@@ -68,7 +68,7 @@ def estimate(model: str | Path | ModelSpec, cluster: str | Path | ClusterSpec = 
     """
     from comet.evaluate import evaluate, resolve
 
-    unknown = sorted(set(parallel) - set(PARALLEL_FIELDS))
+    unknown = sorted(parallel.keys() - _PARALLEL_FIELD_SET)
     if unknown:
         raise ConfigError(f"unknown argument (known: {', '.join(REQUEST_FIELDS + PARALLEL_FIELDS)})",
                           field=unknown[0])
