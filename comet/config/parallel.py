@@ -236,11 +236,21 @@ class ParallelConfig:
 
     def chunk_layers(self, model: ModelSpec) -> tuple[int, ...]:
         """Transformer layers per model chunk (chunk index = vchunk * pp + stage)."""
-        return chunk_layer_counts(model.layers, self.pp, self.vpp, self.pp_first_stage_layers,
-                                  self.pp_last_stage_layers, self.pp_embedding_as_layer, self.pp_loss_as_layer)
+        # perf (i18g-glue): kept for the last layer count asked (the memory estimate and the builder ask
+        # ~10 times per configuration; the shared lru_cache look-up reads and hashes seven fields)
+        state = self.__dict__
+        kept = state.get("_chunk_layers")
+        if kept is not None and kept[0] == model.layers:
+            return kept[1]
+        chunks = chunk_layer_counts(model.layers, self.pp, self.vpp, self.pp_first_stage_layers,
+                                    self.pp_last_stage_layers, self.pp_embedding_as_layer, self.pp_loss_as_layer)
+        state["_chunk_layers"] = (model.layers, chunks)
+        return chunks
 
     def stage_layers(self, model: ModelSpec, stage: int) -> int:
         chunks = self.chunk_layers(model)
+        if self.vpp == 1:
+            return chunks[stage]
         return sum(chunks[v * self.pp + stage] for v in range(self.vpp))
 
     def resolve(self, model: ModelSpec, batch: bool = True) -> "ParallelConfig":

@@ -38,3 +38,29 @@ def test_none_values_and_disabled():
         assert lru.get_or("x", lambda: 5) == 5 and lru.items() == []
     lru.clear()
     assert len(lru) == 0 and lru.hits == lru.misses == 0
+
+
+def test_a_compute_that_raises_leaves_no_entry():
+    lru = cache.LRU(4)
+
+    def broken():
+        raise ValueError("no")
+    for _ in range(2):
+        try:
+            lru.get_or("x", broken)
+        except ValueError:
+            pass
+        assert len(lru) == 0 and lru.items() == [] and lru.get("x") is None
+    assert lru.get_or("x", lambda: 3) == 3 and lru.get_or("x", lambda: 4) == 3
+
+
+def test_nested_look_ups_while_a_value_is_computed():
+    # the miss reserves the key's entry before computing: a nested look-up of the same key computes its
+    # own value (never the reservation), and nested misses that evict it lose only the caching
+    lru = cache.LRU(4)
+    assert lru.get_or("x", lambda: lru.get_or("x", lambda: 1) + 1) == 2
+    assert lru.get_or("x", lambda: 99) == 2 and lru.get("x") == 2
+    lru.clear()
+    assert lru.get_or("y", lambda: [lru.get_or(k, lambda k=k: k) for k in range(10)] and "v") == "v"
+    assert len(lru) <= 4 and all(v is not cache._PENDING for _, v in lru.items())
+    assert lru.get_or("y", lambda: "w") in ("v", "w")
