@@ -36,14 +36,16 @@ def _resolved(model: ModelSpec, parallel: ParallelConfig) -> ParallelConfig:
     # perf (i18g-glue): three rules read the global batch (ParallelConfig.check_batch); the derived fields
     # and every other rule are the same for each global batch of a configuration, so they are resolved
     # once per batch-free configuration and a new global batch checks its three rules (~35 -> ~8 us).
-    # Where a batch-free rule breaks, the full resolve raises the first broken rule in check's order.
+    # A configuration not seen with any batch is resolved whole (the first broken rule raised in check's
+    # order), and its batch-free part kept.
     free = parallel.batch_free()
-    try:
-        shape = cache.resolved.get_or((model, "batch free", free), lambda: free.resolve(model, batch=False))
-    except ConfigError:
-        return parallel.resolve(model)
-    par = shape.with_global_batch(parallel.global_batch)
-    par.check_batch()
+    shape = cache.resolved.get((model, "batch free", free))
+    if shape is None:
+        par = parallel.resolve(model)
+        cache.resolved.add((model, "batch free", free), par.batch_free())
+    else:
+        par = shape.with_global_batch(parallel.global_batch)
+        par.check_batch()
     # perf: resolving a resolved configuration returns it unchanged (every field derived, the same rules
     # pass): comet.estimate resolves, then evaluate() looks the result up
     cache.resolved.put((model, par), par)
