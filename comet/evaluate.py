@@ -38,11 +38,11 @@ def _resolved(model: ModelSpec, parallel: ParallelConfig) -> ParallelConfig:
     # once per batch-free configuration and a new global batch checks its three rules (~35 -> ~8 us).
     # A configuration not seen with any batch is resolved whole (the first broken rule raised in check's
     # order), and its batch-free part kept.
-    free = parallel.batch_free()
-    shape = cache.resolved.get((model, "batch free", free))
+    key = (model, "batch free", parallel.batch_free_fields())
+    shape = cache.resolved.get(key)
     if shape is None:
         par = parallel.resolve(model)
-        cache.resolved.add((model, "batch free", free), par.batch_free())
+        cache.resolved.add(key, par.batch_free())
     else:
         par = shape.with_global_batch(parallel.global_batch)
         par.check_batch()

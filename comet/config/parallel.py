@@ -183,6 +183,11 @@ class ParallelConfig:
             free = state["_batch_free"] = replace_fields(self, global_batch=1)
         return free
 
+    def batch_free_fields(self) -> tuple:
+        """Every field but the global batch, as a tuple: a key equal where batch_free() is, without
+        building the configuration (~0.6 against ~2 us for one not seen before)."""
+        return _batch_free_values(self.__dict__)
+
     def with_global_batch(self, global_batch: int) -> "ParallelConfig":
         """replace_fields(self, global_batch=global_batch), knowing its label (which does not read the
         global batch) and its batch_free()."""
@@ -413,3 +418,4 @@ class ParallelConfig:
 
 _FIELD_NAMES = tuple(f.name for f in fields(ParallelConfig))   # what the dataclass's hash reads, in order
 _field_values = operator.itemgetter(*_FIELD_NAMES)               # a __dict__ -> the fields' tuple
+_batch_free_values = operator.itemgetter(*(name for name in _FIELD_NAMES if name != "global_batch"))
