@@ -11,6 +11,7 @@ Importing this module stays light: Ray, Optuna, matplotlib and pandas load only 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,14 @@ def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelC
     return from_dict(ParallelConfig, params, source=source)
 
 
+@functools.cache
+def _engine() -> tuple:
+    """comet.evaluate's evaluate and resolve, imported on the first estimate (the engine loads numba);
+    perf: an import statement in the function cost ~1 us a call."""
+    from comet.evaluate import evaluate, resolve
+    return evaluate, resolve
+
+
 def _model(model: str | Path | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(str(model))
 
@@ -66,8 +75,7 @@ def estimate(model: str | Path | ModelSpec, cluster: str | Path | ClusterSpec = 
     returns a Result with status infeasible, its reason and, in `extra["remedies"]`, the nearest
     changes that make it fit.
     """
-    from comet.evaluate import evaluate, resolve
-
+    evaluate, resolve = _engine()
     unknown = sorted(parallel.keys() - _PARALLEL_FIELD_SET)
     if unknown:
         raise ConfigError(f"unknown argument (known: {', '.join(REQUEST_FIELDS + PARALLEL_FIELDS)})",
