@@ -38,7 +38,9 @@ def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelC
     """A ParallelConfig from plain values (strings for enums, lists for offload), every value checked
     by the project's strict loader; `vpp > 1` implies the interleaved schedule unless one is given."""
     params = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
-    if params.get("vpp", 1) > 1 and "schedule" not in params:
+    vpp = params.get("vpp", 1)
+    # a vpp that is not a number is the loader's to reject (it names the field), not a TypeError here
+    if isinstance(vpp, (int, float)) and vpp > 1 and "schedule" not in params:
         params["schedule"] = Schedule.INTERLEAVED.value
     if isinstance(params.get("offload"), (str, bytes)):
         params["offload"] = [params["offload"]]
