@@ -28,10 +28,9 @@ import numpy as np
 from comet.config.cluster import ClusterSpec
 from comet.graph.block import block_ops
 from comet.graph.ir import OpKind, StepGraph
-from comet.hardware.network import group_span
 from comet.replay import cache
 from comet.replay.kernels import HAVE_NUMBA
-from comet.replay.tail_kernels import serial_shared_rows
+from comet.replay.tail_kernels import nic_rate, serial_shared_rows
 from comet.replay.schedule import task_kinds
 from comet.replay.timing import p2p_s
 
@@ -40,7 +39,19 @@ def crosses_nic(size: int, stride: int, cluster: ClusterSpec) -> bool:
     """A group of `size` ranks `stride` apart leaves the innermost (scale-up) domain."""
     if size <= 1 or len(cluster.network) < 2:
         return False
-    return group_span(size, stride, cluster.network)[0] < size
+    return _inner_members(size, stride, cluster.network[0].size) < size
+
+
+def _inner_members(size: int, stride: int, domain: int) -> int:
+    """network.group_span(size, stride, network)[0] for a network whose innermost domain holds `domain`
+    consecutive ranks (0: unbounded): the group's members inside one innermost domain.
+    perf (i18s-step): the first level's count alone, not the span over every level (tested equal)."""
+    if domain and stride >= domain:
+        return 1
+    fit = min(size, max(1, domain // stride)) if domain else size
+    while size % fit:
+        fit -= 1
+    return fit
 
 
 def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
@@ -73,11 +84,11 @@ def _block_nic_s(g, cluster: ClusterSpec, timed, crosses=crosses_nic) -> float:
 
 
 def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "",
-                groups: dict | None = None, kinds: tuple | None = None) -> np.ndarray | None:
+                groups=None, kinds: tuple | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
     the op's duration (replay.timing.timed_s on this cluster and precision); `b_dur[stage, chunk]`:
-    backward task durations; `groups`: stages sharing one StageSync (step._stage_groups), or None (each
+    backward task durations; `groups`: stages sharing one StageSync (step.StageGroups), or None (each
     stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it."""
     plan = graph.plan
     kinds = kinds or task_kinds(plan)
@@ -96,6 +107,11 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
 
 def _rate(nic: np.ndarray, b_dur: np.ndarray) -> np.ndarray | None:
     busy = b_dur.sum(axis=1)
+    if HAVE_NUMBA:
+        # perf (i18s-step): the share, its cap and the any() in one compiled pass (six numpy calls
+        # before), the same arithmetic (tests/replay/test_stage_work.py)
+        rate, shared = nic_rate(nic, busy)
+        return _read_only(rate) if shared else None
     u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
     # perf: min(min(u, 1), 1/2) is min(u, 1/2) for every u >= 0, inf and NaN included: one numpy
     # call fewer
@@ -109,14 +125,20 @@ def _read_only(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
 
+def _dp_crosses(st, cluster: ClusterSpec) -> bool:
+    """A stage's DP gradient buckets leave the innermost domain."""
+    return any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
+
+
 def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,
-                    groups: dict | None, task_kinds_: tuple | None) -> np.ndarray | None:
+                    groups, task_kinds_: tuple | None) -> np.ndarray | None:
     """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
     chunk); None when no stage's does."""
-    mask = np.zeros(len(graph.stages), dtype=bool)
-    for stages in (groups.values() if groups is not None else ([s] for s in range(len(graph.stages)))):
-        st = graph.stages[stages[0]]
-        mask[stages] = any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
+    # perf (i18s-step): once per stage group, spread to the stages in one take
+    if groups is None:
+        mask = np.array([_dp_crosses(st, cluster) for st in graph.stages], dtype=bool)
+    else:
+        mask = np.array([_dp_crosses(st, cluster) for st in groups.syncs], dtype=bool)[groups.index]
     if not mask.any():
         return None
     plan = graph.plan
@@ -125,25 +147,21 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     # placement; clusters that differ in compute, memory or prices share them
     ckey = cache.network_key(cluster)
 
-    crossing: dict = {}
-
-    def crosses(size: int, stride: int, cluster: ClusterSpec) -> bool:
-        # perf: a block's collectives repeat a few (size, stride): group_span once each
-        hit = crossing.get((size, stride))
-        if hit is None:
-            hit = crossing[size, stride] = crosses_nic(size, stride, cluster)
-        return hit
-
-    def block_nic(key: str) -> float:
-        g = graph.blocks[key]
-        # a block's NIC load depends only on its content, the cluster and the precision
-        return cache.durations.get_or(("NIC seconds", cache.block_signature(g), ckey, precision),
-                                      lambda: _block_nic_s(g, cluster, timed, crosses))
-
     def per_kind() -> np.ndarray:
-        # perf: each distinct block looked up once (kinds repeat them), sums in Python floats (the same
-        # additions, in the same order, as numpy's element updates)
-        of_block = {key: block_nic(key) for key in dict.fromkeys(key for keys, _ in kinds for key in keys)}
+        crossing: dict = {}
+
+        def crosses(size: int, stride: int, cluster: ClusterSpec) -> bool:
+            # perf: a block's collectives repeat a few (size, stride): once each
+            hit = crossing.get((size, stride))
+            if hit is None:
+                hit = crossing[size, stride] = crosses_nic(size, stride, cluster)
+            return hit
+
+        # perf: each distinct block walked once (kinds repeat them), sums in Python floats (the same
+        # additions, in the same order, as numpy's element updates). perf (i18s-step): no entry per
+        # block (a block's walk costs about its look-up; the kinds' entry below is what a search hits)
+        of_block = {key: _block_nic_s(graph.blocks[key], cluster, timed, crosses)
+                    for key in dict.fromkeys(key for keys, _ in kinds for key in keys)}
         kind_nic = []
         for keys, stride in kinds:
             total = 0.0

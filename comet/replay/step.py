@@ -222,44 +222,45 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
                       (f_dur, b_dur, f_release))
 
 
-def _early_gathers(graph: StepGraph, groups: dict, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _early_gathers(graph: StepGraph, groups: StageGroups, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
     chunk's first forward waits for the buckets holding its first layer. Returns (release of each
     (stage, chunk)'s first forward, end of each stage's gathers); `events`: per stage, the gathers'
     (name, start, end) appended (the timeline's), or None."""
     plan = graph.plan
-    pp = plan.pp
-    gather_end = np.zeros(pp)
-    f_release = np.zeros((pp, plan.vpp))
-    for stages in groups.values():      # perf: stages of a group have the same gathers (rows of one array)
-        st = graph.stages[stages[0]]
-        if not (st.param_gathers and st.gather_before_forward):
-            continue
+    pp, vpp = plan.pp, plan.vpp
+    # perf (i18s-step): stages of a group have the same gathers: one row per group in Python floats,
+    # spread to the stages in one take each (an indexed store per group and bucket set before)
+    release_of, end_of = [], []
+    for rows, s0, st in zip(groups.rows, groups.first, groups.syncs):
+        release = [0.0] * vpp
         clock = 0.0
-        for bs in st.param_gathers:
-            d = t(bs.op)
-            first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + stages[0]], 1))
-            f_release[stages, bs.chunk] = clock + first_layer * d
-            if events is not None:
-                for s in stages:
-                    events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d) for k in range(bs.count)]
-            clock += bs.count * d
-        gather_end[stages] = clock
-    return f_release, gather_end
+        if st.param_gathers and st.gather_before_forward:
+            for bs in st.param_gathers:
+                d = t(bs.op)
+                first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s0], 1))
+                release[bs.chunk] = clock + first_layer * d
+                if events is not None:
+                    for s in rows:
+                        events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
+                                      for k in range(bs.count)]
+                clock += bs.count * d
+        release_of.append(release)
+        end_of.append(clock)
+    return groups.per_stage(release_of), groups.per_stage(end_of)
 
 
-def _sync_collective_s(graph: StepGraph, groups: dict, t) -> tuple[np.ndarray, np.ndarray]:
+def _sync_collective_s(graph: StepGraph, groups: StageGroups, t) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
     all-reduce (stages in increasing order): what tail_kernels.stage_tails reads of the network."""
-    bucket_s = np.array([t(graph.stages[rows[0]].grad_buckets[0].op) if graph.stages[rows[0]].grad_buckets else 0.0
-                         for rows in groups.values()])
-    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in _embedding_stages(graph, groups)])
+    bucket_s = np.array([t(st.grad_buckets[0].op) if st.grad_buckets else 0.0 for st in groups.syncs], dtype=float)
+    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in _embedding_stages(groups)], dtype=float)
     return bucket_s, emb_s
 
 
-def _embedding_stages(graph: StepGraph, groups: dict) -> tuple:
-    return tuple(sorted(int(s) for stages in groups.values() if graph.stages[stages[0]].embedding_sync is not None
-                        for s in stages))
+def _embedding_stages(groups: StageGroups) -> tuple:
+    return tuple(sorted(s for rows, st in zip(groups.rows, groups.syncs) if st.embedding_sync is not None
+                        for s in rows.tolist()))
 
 
 def _read_only(*arrays: np.ndarray) -> tuple:
@@ -325,54 +326,55 @@ class _TailStatics:
     fused: tuple | None = None   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
 
 
-def _fused_statics(statics_groups: list, pp: int, emb: tuple) -> tuple | None:
+def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | None:
     """tail_kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
-    buckets), per group the bucket ready offsets (bucket_ready_offsets, a row of a table) and (chunk,
-    buckets), the tied-embedding stages; None where a group's buckets are not one chunk's buckets ready
-    in bucket order (the generic path sorts them)."""
-    group_of = np.full(pp, -1, dtype=np.int64)
-    offsets_of, group_i = [], []
-    for g, (rows, _, st, terms) in enumerate(statics_groups):
+    buckets), per group the readiness terms of its buckets (head, per layer, whole backward: see
+    _bucket_ready_terms) and (chunk, buckets, layers, progressive), the tied-embedding stages; None
+    where a group's buckets span several sets (the generic path sorts them)."""
+    bucket_group, terms_g, ints_g = [], [], []
+    for g, (st, terms) in enumerate(zip(groups.syncs, terms_of)):
         if not st.grad_buckets:
-            offsets_of.append(())
-            group_i.append((0, 0))
+            bucket_group.append(-1)
+            terms_g.append((0.0, 0.0, 0.0))
+            ints_g.append((0, 0, 0, 0))
             continue
         if terms is None:
             return None
         bs = st.grad_buckets[0]
-        offsets = _ready_offsets(terms, bs)
-        if (offsets[1:] < offsets[:-1]).any():   # not ready in bucket order
-            return None
-        group_of[rows] = g
-        offsets_of.append(offsets)
-        group_i.append((bs.chunk, bs.count))
-    table = np.zeros((len(offsets_of), max(map(len, offsets_of), default=0)))
-    for g, offsets in enumerate(offsets_of):
-        table[g, :len(offsets)] = offsets
-    return group_of, table, np.array(group_i, dtype=np.int64).reshape(-1, 2), np.array(emb, dtype=np.int64)
+        bucket_group.append(g)
+        terms_g.append(terms[:3])
+        ints_g.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
+    # perf (i18s-step): the kernel computes the ready offsets from these terms (a table of
+    # _ready_offsets was built here: ~30 small numpy calls)
+    return (np.array(bucket_group, dtype=np.int64)[groups.index], np.array(terms_g, dtype=float).reshape(-1, 3),
+            np.array(ints_g, dtype=np.int64).reshape(-1, 4), np.array(emb, dtype=np.int64))
 
 
-def _tail_statics(graph: StepGraph, groups: dict, blocks: dict, blocks_key: tuple, compute_key: tuple,
+def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_key: tuple, compute_key: tuple,
                   t) -> _TailStatics:
     """_TailStatics, shared by the candidates of one graph whose blocks are timed alike (the same cached
     BlockTiming objects, held by `blocks_key`) on GPUs alike (`compute_key`: (cache.compute_key,
     precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
     differ in their network share it."""
     def build() -> _TailStatics:
-        pp = graph.plan.pp
-        adam, link = np.zeros(pp), np.zeros(pp)
-        rows_of = []
-        for stages in groups.values():
-            s0 = int(stages[0])
-            st = graph.stages[s0]
-            adam[stages] = sum(t(op) for op in st.optimizer if op.kind is OpKind.COMPUTE)
-            link[stages] = sum(t(op) for op in st.optimizer if op.kind is OpKind.MEMCPY)
+        adam_of, link_of, rows_of, terms_of = [], [], [], []
+        for stages, s0, st in zip(groups.rows, groups.first, groups.syncs):
+            adam = link = 0     # the sums start at 0, as sum() does
+            for op in st.optimizer:
+                if op.kind is OpKind.COMPUTE:
+                    adam += t(op)
+                elif op.kind is OpKind.MEMCPY:
+                    link += t(op)
+            adam_of.append(adam)
+            link_of.append(link)
             terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0]) if len(st.grad_buckets) == 1
                      else None)
             rows_of.append((stages, s0, st, terms))
-        emb = _embedding_stages(graph, groups)
+            terms_of.append(terms)
+        emb = _embedding_stages(groups)
+        adam, link = groups.per_stage(adam_of), groups.per_stage(link_of)
         adam.flags.writeable = link.flags.writeable = False
-        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(rows_of, pp, emb))
+        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(groups, terms_of, emb))
 
     # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
     # batch, and the plan's layer split), not by the graph object
@@ -418,9 +420,23 @@ def _bucket_layout_shared(graph: StepGraph, blocks: dict, blocks_key: tuple, sta
     return cache.facts.get_or(key, lambda: _bucket_layout(graph, blocks, stage, st, t))
 
 
-def _stage_groups(graph: StepGraph) -> dict:
-    """Stages that share one StageSync object and the same role and layer counts (rows of one
-    array computation in _tails)."""
+class StageGroups:
+    """Stages that share one StageSync object, role (first, last) and layer counts (_stage_groups): a
+    group's stages are rows of one array computation. `rows[g]`: the group's stages (an index array,
+    increasing), `first[g]`: its first stage, `syncs[g]`: their StageSync; `index[s]`: stage s's group
+    (perf: a table with one row per group becomes the per-stage array in one take)."""
+    __slots__ = ("rows", "first", "syncs", "index")
+
+    def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray):
+        self.rows, self.first, self.syncs, self.index = rows, first, syncs, index
+
+    def per_stage(self, per_group: list) -> np.ndarray:
+        """The per-stage array of a value per group (rows: a row per group, one per stage)."""
+        return np.array(per_group, dtype=float)[self.index]
+
+
+def _stage_groups(graph: StepGraph) -> StageGroups:
+    """The stage groups of a graph, in order of their first stage."""
     plan, pp = graph.plan, graph.plan.pp
     layers = plan.chunk_layers
     # a stage's role: (its StageSync's id, first, last, layers of its chunks c * pp + s, c < vpp)
@@ -430,16 +446,24 @@ def _stage_groups(graph: StepGraph) -> dict:
     roles[-1] = (roles[-1][0], len(roles) == 1, True, roles[-1][3])
     # perf: stages alike come in runs (the middle stages): one dict update per run, not per stage
     # (pp 64: 24 -> ~10 us); the groups, their order and their stages are the per-stage loop's
-    groups: dict = {}
+    group_of: dict = {}
+    rows: list = []
+    index: list = []
     s = 0
     for role, run in groupby(roles):
         n = sum(1 for _ in run)
-        groups.setdefault(role, []).extend(range(s, s + n))
+        g = group_of.setdefault(role, len(rows))
+        if g == len(rows):
+            rows.append([])
+        rows[g].extend(range(s, s + n))
+        index.extend(repeat(g, n))
         s += n
-    return {role: np.array(stages) for role, stages in groups.items()}   # index arrays (read-only)
+    first = [r[0] for r in rows]
+    return StageGroups([np.array(r) for r in rows], first, [graph.stages[f] for f in first],
+                       np.array(index, dtype=np.int64))
 
 
-def _stage_groups_shared(graph: StepGraph) -> dict:
+def _stage_groups_shared(graph: StepGraph) -> StageGroups:
     plan = graph.plan
     return cache.facts.get_or(("stage groups", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers),
                               lambda: _stage_groups(graph))
@@ -460,12 +484,13 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
-        group_of, offsets, group_i, emb = statics.fused
-        optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
-            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, offsets, group_i, sync_s[0], emb,
+        group_of, terms, group_i, emb = statics.fused
+        in_order, optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
+            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms, group_i, sync_s[0], emb,
             sync_s[1], adam, link)
-        return StageTails(summary.compute_end, optimizer_start, optimizer_end,
-                          _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
+        if in_order:
+            return StageTails(summary.compute_end, optimizer_start, optimizer_end,
+                              _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
