@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import groupby, repeat
 
 import numpy as np
 
@@ -109,23 +108,18 @@ class StepReplay:
         return self.tasks()[1]
 
 
-def _scaled(parts: dict, k: float, into: dict) -> None:
-    for key, v in parts.items():
-        into[key] = into.get(key, 0.0) + k * v
-
-
-def _blocks_parts(keys: tuple, blocks: dict[str, BlockTiming]) -> dict:
-    """The parts of blocks `keys` run one after another (summed in order). Shared between candidates
-    whose blocks are the same (cached) BlockTiming objects; the key holds them, so ids stay unique."""
-    held = tuple(blocks[k] for k in dict.fromkeys(keys))
-
-    def total() -> tuple[dict, tuple]:
+def _kinds_block_parts(kinds: list, blocks: dict[str, BlockTiming]) -> list[dict]:
+    """Per task kind, the parts of its blocks run one after another (each part summed in block order,
+    keys in order of first appearance)."""
+    out = []
+    for keys, _ in kinds:
         parts: dict = {}
+        get = parts.get
         for key in keys:
-            _scaled(blocks[key].parts, 1, parts)
-        return parts, held
-
-    return cache.facts.get_or(("blocks parts", keys, tuple(map(id, held))), total)[0]
+            for part, v in blocks[key].parts.items():
+                parts[part] = get(part, 0.0) + v
+        out.append(parts)
+    return out
 
 
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tuple, cluster: ClusterSpec,
@@ -134,15 +128,20 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
     schedule.task_kinds(graph.plan); `blocks_key`: _block_timings' identity key of `blocks`."""
     plan = graph.plan
     kinds, f_kind, b_kind = task_kinds_
+    kinds_key = cache.object_key(kinds)
 
     # the overlapped pipeline send's exposed seconds per send stride (builder.build_plan)
     sends = {stride: plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)
              for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
 
     def per_kind() -> tuple:
+        # perf (i18s-step): the kinds' block parts in one entry, read by every network (one entry per
+        # kind before: six look-ups and key tuples on a cold call)
+        block_parts = cache.facts.get_or(("kinds block parts", kinds_key, blocks_key),
+                                         lambda: _kinds_block_parts(kinds, blocks))
         parts_of, dur_of = [], []
-        for keys, stride in kinds:
-            parts = dict(_blocks_parts(keys, blocks))
+        for (_, stride), of_blocks in zip(kinds, block_parts):
+            parts = dict(of_blocks)
             if stride is not None:
                 parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + sends[stride]
             parts_of.append(parts)
@@ -153,10 +152,10 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
         return f_dur, b_dur, TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
 
     # perf: a task kind's parts are read from its BlockTimings (shared objects from cache.replays: clusters
-    # that time a block alike give the same object) and the send; the key holds the objects, so ids stay
-    # unique. The (stage, chunk) durations and parts tables are shared too (read-only; `kinds` holds the
-    # kind arrays), and with them the rows TaskParts builds for the breakdown.
-    return cache.facts.get_or(("task kind parts", cache.object_key(kinds), blocks_key, tuple(sends.items())), per_kind)
+    # that time a block alike give the same object) and the send; `blocks_key` holds the objects, so ids
+    # stay unique. The (stage, chunk) durations and parts tables are shared too (read-only; `kinds` holds
+    # the kind arrays), and with them the rows TaskParts builds for the breakdown.
+    return cache.facts.get_or(("task kind parts", kinds_key, blocks_key, tuple(sends.items())), per_kind)
 
 
 def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_replays: bool) -> tuple[dict, tuple]:
@@ -436,31 +435,32 @@ class StageGroups:
 
 
 def _stage_groups(graph: StepGraph) -> StageGroups:
-    """The stage groups of a graph, in order of their first stage."""
-    plan, pp = graph.plan, graph.plan.pp
-    layers = plan.chunk_layers
-    # a stage's role: (its StageSync's id, first, last, layers of its chunks c * pp + s, c < vpp)
-    chunk_layers = zip(*(layers[c * pp:(c + 1) * pp] for c in range(plan.vpp)))
-    roles = list(zip(map(id, graph.stages), repeat(False), repeat(False), chunk_layers))
-    roles[0] = (roles[0][0], True, pp == 1, roles[0][3])
-    roles[-1] = (roles[-1][0], len(roles) == 1, True, roles[-1][3])
-    # perf: stages alike come in runs (the middle stages): one dict update per run, not per stage
-    # (pp 64: 24 -> ~10 us); the groups, their order and their stages are the per-stage loop's
+    """The stage groups of a graph, in order of their first stage. A stage's role: its StageSync object,
+    whether it is the first or the last stage, the layers of its chunks (c * pp + s, c < vpp)."""
+    plan = graph.plan
+    pp, layers, stages = plan.pp, plan.chunk_layers, graph.stages
+    per_stage = layers if plan.vpp == 1 else list(zip(*(layers[c * pp:(c + 1) * pp] for c in range(plan.vpp))))
+    # perf: stages alike come in runs (the middle stages): one dict update per run, not per stage; the
+    # groups, their order and their stages are the per-stage loop's (tests/replay/test_stage_work.py).
+    # perf (i18s-step): runs found by comparing each stage with its run's first, no role tuple per stage;
+    # a group's stages an arange where they are one run: pp 64, 18.6 -> 9.3 us
     group_of: dict = {}
-    rows: list = []
-    index: list = []
-    s = 0
-    for role, run in groupby(roles):
-        n = sum(1 for _ in run)
-        g = group_of.setdefault(role, len(rows))
-        if g == len(rows):
-            rows.append([])
-        rows[g].extend(range(s, s + n))
-        index.extend(repeat(g, n))
-        s += n
-    first = [r[0] for r in rows]
-    return StageGroups([np.array(r) for r in rows], first, [graph.stages[f] for f in first],
-                       np.array(index, dtype=np.int64))
+    runs, run_group, run_length = [], [], []
+    start = 0
+    for s in range(1, pp + 1):
+        if s < pp and s != 1 and s != pp - 1 and stages[s] is stages[start] and per_stage[s] == per_stage[start]:
+            continue
+        g = group_of.setdefault((id(stages[start]), start == 0, s == pp, per_stage[start]), len(runs))
+        if g == len(runs):
+            runs.append([])
+        runs[g].append(range(start, s))
+        run_group.append(g)
+        run_length.append(s - start)
+        start = s
+    rows = [np.arange(r[0].start, r[0].stop) if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
+    first = [r[0].start for r in runs]
+    return StageGroups(rows, first, [stages[f] for f in first],
+                       np.repeat(np.array(run_group, dtype=np.int64), run_length))
 
 
 def _stage_groups_shared(graph: StepGraph) -> StageGroups:
