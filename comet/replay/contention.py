@@ -59,25 +59,32 @@ def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
     return len(cluster.network) > 1 and inner > 0 and distance >= inner
 
 
-_COLLECTIVE, _SEND, _RECV = OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV    # Op.is_comm's kinds
+_COMPUTE, _COLLECTIVE, _SEND, _RECV = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV
 
 
-def _block_nic_s(g, cluster: ClusterSpec, timed, crosses=crosses_nic) -> float:
+def _block_nic_s(g, cluster: ClusterSpec, timed, crossing: dict | None = None) -> float:
     """Seconds one rank's NIC carries this block's communication (the busiest rank of the block).
-    `crosses(size, stride, cluster)`: crosses_nic, or a memo of it."""
+    `crossing`: a memo of crosses_nic by (size, stride) shared between blocks, or None."""
+    crossing = {} if crossing is None else crossing
     per_rank: dict[int, float] = {}
-    # perf: the kind read directly, not through Op.is_comm (a property call per op; a block is mostly
-    # compute ops): the seven cold-call blocks 40 -> 30 us. perf (i18s-step): compared by identity, not
-    # looked up in a set (an Enum hashes in Python: a call per op): 11 -> 6 us
-    for op in block_ops(g):
+    # perf: the kind read directly, not through Op.is_comm (a property call per op): the seven cold-call
+    # blocks 40 -> 30 us. perf (i18s-step): the compute ops (most of a block) dropped by one identity
+    # test in a comprehension, the others told by identity, not looked up in a set (an Enum hashes in
+    # Python: a call per op); crosses_nic memoized inline: 26 -> ~12 us
+    for op in [op for op in block_ops(g) if op.kind is not _COMPUTE]:
         kind = op.kind
         if kind is not _COLLECTIVE and kind is not _SEND and kind is not _RECV:
             continue
+        group = (op.group_size, op.group_stride)
+        crosses = crossing.get(group)
+        if crosses is None:
+            # a block's collectives repeat a few (size, stride): placed once each
+            crosses = crossing[group] = crosses_nic(op.group_size, op.group_stride, cluster)
         if op.collective is not None:
             # a collective leaving the domain is paced by its NIC hop (pipelined ring / tree)
-            if crosses(op.group_size, op.group_stride, cluster):
+            if crosses:
                 per_rank[op.rank] = per_rank.get(op.rank, 0.0) + timed(op)
-        elif _p2p_crosses(op.group_stride, cluster) or crosses(op.group_size, op.group_stride, cluster):
+        elif _p2p_crosses(op.group_stride, cluster) or crosses:
             # a send to a peer in another domain, or a ring exchange (CP) whose ring spans domains: the
             # ranks at a domain's edge send through their NIC; the busiest rank is one of them
             nic_distance = max(op.group_stride, cluster.network[0].size)
@@ -136,12 +143,10 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
                     groups, task_kinds_: tuple | None) -> np.ndarray | None:
     """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
     chunk); None when no stage's does."""
-    # perf (i18s-step): once per stage group, spread to the stages in one take
-    if groups is None:
-        mask = np.array([_dp_crosses(st, cluster) for st in graph.stages], dtype=bool)
-    else:
-        mask = np.array([_dp_crosses(st, cluster) for st in groups.syncs], dtype=bool)[groups.index]
-    if not mask.any():
+    # perf (i18s-step): once per stage group; spread to the stages only where some group's DP stream
+    # stays inside the domain (np.where(True, x, 0.0) is x)
+    crossing = [_dp_crosses(st, cluster) for st in (graph.stages if groups is None else groups.syncs)]
+    if not any(crossing):
         return None
     plan = graph.plan
     kinds, _, b_kind = task_kinds_ or task_kinds(plan)
@@ -150,34 +155,33 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     ckey = cache.network_key(cluster)
 
     def per_kind() -> np.ndarray:
-        crossing: dict = {}
-
-        def crosses(size: int, stride: int, cluster: ClusterSpec) -> bool:
-            # perf: a block's collectives repeat a few (size, stride): once each
-            hit = crossing.get((size, stride))
-            if hit is None:
-                hit = crossing[size, stride] = crosses_nic(size, stride, cluster)
-            return hit
-
         # perf: each distinct block walked once (kinds repeat them), sums in Python floats (the same
         # additions, in the same order, as numpy's element updates). perf (i18s-step): no entry per
-        # block (a block's walk costs about its look-up; the kinds' entry below is what a search hits)
-        of_block = {key: _block_nic_s(graph.blocks[key], cluster, timed, crosses)
+        # block (a block's walk costs about its look-up; the kinds' entry below is what a search hits),
+        # one crossing memo for all blocks, each send stride's seconds looked up once
+        placed: dict = {}
+        of_block = {key: _block_nic_s(graph.blocks[key], cluster, timed, placed)
                     for key in dict.fromkeys(key for keys, _ in kinds for key in keys)}
+        send_s = {stride: p2p_s(plan.p2p_bytes, stride, cluster) if _p2p_crosses(stride, cluster) else None
+                  for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
         kind_nic = []
         for keys, stride in kinds:
             total = 0.0
             for key in keys:
                 total += of_block[key]
-            if stride is not None and _p2p_crosses(stride, cluster):
-                total += p2p_s(plan.p2p_bytes, stride, cluster)
+            if stride is not None and send_s[stride] is not None:
+                total += send_s[stride]
             kind_nic.append(total)
         return np.array(kind_nic, dtype=float)
 
     # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
     kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,
                                    precision, plan.p2p_bytes), per_kind)
-    return np.where(mask, kind_nic[b_kind].sum(axis=1), 0.0)
+    nic = kind_nic[b_kind].sum(axis=1)
+    if all(crossing):
+        return nic
+    mask = np.array(crossing, dtype=bool)
+    return np.where(mask if groups is None else mask[groups.index], nic, 0.0)
 
 
 def serial_shared(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,

@@ -299,16 +299,25 @@ def _bits(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, dtype=float).tobytes()
 
 
-def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs) -> tuple[float, float, float, int]:
+def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs,
+                        layer_s: dict | None = None) -> tuple[float, float, float, int]:
     """(output head's backward, mean backward per layer, the chunk's whole backward, layers) of a
-    chunk's last backward task: what bucket_ready_offsets reads of the blocks."""
+    chunk's last backward task: what bucket_ready_offsets reads of the blocks. `layer_s`: a memo of
+    each layer kind's backward (+ recompute) seconds, shared by a graph's chunks, or None."""
     plan = graph.plan
     vs = bs.chunk * plan.pp + stage
     n = plan.chunk_layers[vs]
     head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
     kinds = plan.layer_kinds(vs)   # mean backward (+ recompute) per layer over the chunk's layer kinds
-    per_layer = sum(blocks[f"{k}.bwd"].duration_s + (blocks[f"{k}.recompute"].duration_s if plan.recompute_layers
-                                                       else 0.0) for k in kinds) / max(len(kinds), 1)
+    layer_s = {} if layer_s is None else layer_s
+    total = 0     # the sum of the layers' seconds in order, from 0 as sum() adds them
+    for k in kinds:
+        seconds = layer_s.get(k)
+        if seconds is None:     # perf (i18s-step): each kind's block names and look-ups once per graph
+            seconds = layer_s[k] = blocks[k + ".bwd"].duration_s + (
+                blocks[k + ".recompute"].duration_s if plan.recompute_layers else 0.0)
+        total += seconds
+    per_layer = total / max(len(kinds), 1)
     all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
     return float(head), float(per_layer), float(all_compute), int(n)
 
@@ -356,7 +365,7 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
     precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
     differ in their network share it."""
     def build() -> _TailStatics:
-        adam_of, link_of, rows_of, terms_of = [], [], [], []
+        adam_of, link_of, rows_of, terms_of, layer_s = [], [], [], [], {}
         for stages, s0, st in zip(groups.rows, groups.first, groups.syncs):
             adam = link = 0     # the sums start at 0, as sum() does
             for op in st.optimizer:
@@ -366,7 +375,7 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
                     link += t(op)
             adam_of.append(adam)
             link_of.append(link)
-            terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0]) if len(st.grad_buckets) == 1
+            terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0], layer_s) if len(st.grad_buckets) == 1
                      else None)
             rows_of.append((stages, s0, st, terms))
             terms_of.append(terms)
