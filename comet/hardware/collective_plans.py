@@ -53,13 +53,16 @@ NVLS_BASE_LATENCY_S = 25e-6   # NVLS / NVLSTree run Simple only, baseLat 25 us (
 PIPELINE_ROUND_BYTES = 64 * 2**20
 
 
+_ROWS = {False: tuple(PROTOCOLS.values()), True: tuple(TREE_PROTOCOLS.values())}
+
+
 def protocol_constants(hops: tuple, tree: bool = False) -> tuple:
     """Per protocol (bandwidth factor, base latency + the hops' latency at that protocol): what a
     cost's time reads that does not depend on the size. `hops`: (hop latency s at Simple, is the
     innermost dimension)."""
     out = []
-    for factor, base, r_inner, r_net in (TREE_PROTOCOLS if tree else PROTOCOLS).values():
-        lat = 0
+    for factor, base, r_inner, r_net in _ROWS[tree]:
+        lat = 0     # the hops' latencies summed in order from 0
         for h, inner in hops:
             lat += h * (r_inner if inner else r_net)
         out.append((factor, base + lat))

@@ -253,13 +253,8 @@ def _sync_collective_s(graph: StepGraph, groups: StageGroups, t) -> tuple[np.nda
     """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
     all-reduce (stages in increasing order): what tail_kernels.stage_tails reads of the network."""
     bucket_s = np.array([t(st.grad_buckets[0].op) if st.grad_buckets else 0.0 for st in groups.syncs], dtype=float)
-    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in _embedding_stages(groups)], dtype=float)
+    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in groups.embedding], dtype=float)
     return bucket_s, emb_s
-
-
-def _embedding_stages(groups: StageGroups) -> tuple:
-    return tuple(sorted(s for rows, st in zip(groups.rows, groups.syncs) if st.embedding_sync is not None
-                        for s in rows.tolist()))
 
 
 def _read_only(*arrays: np.ndarray) -> tuple:
@@ -322,16 +317,17 @@ def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs,
     return float(head), float(per_layer), float(all_compute), int(n)
 
 
-@dataclass(frozen=True)
 class _TailStatics:
     """What a graph's stage tails read that the network does not change: per stage the optimizer's
     compute and host-link seconds; per stage group (rows, first stage, its StageSync, and for one
-    chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync."""
-    adam: np.ndarray
-    link: np.ndarray
-    groups: tuple
-    emb: tuple
-    fused: tuple | None = None   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
+    chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync.
+    Read-only by convention (shared from cache.facts); perf (i18s-step): a slotted class, not a frozen
+    dataclass (a setattr call per field)."""
+    __slots__ = ("adam", "emb", "fused", "groups", "link")
+
+    def __init__(self, adam: np.ndarray, link: np.ndarray, groups: tuple, emb: tuple, fused: tuple | None = None):
+        self.adam, self.link, self.groups, self.emb = adam, link, groups, emb
+        self.fused = fused   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
 
 
 def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | None:
@@ -379,7 +375,7 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
                      else None)
             rows_of.append((stages, s0, st, terms))
             terms_of.append(terms)
-        emb = _embedding_stages(groups)
+        emb = groups.embedding
         adam, link = groups.per_stage(adam_of), groups.per_stage(link_of)
         adam.flags.writeable = link.flags.writeable = False
         return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(groups, terms_of, emb))
@@ -433,10 +429,13 @@ class StageGroups:
     group's stages are rows of one array computation. `rows[g]`: the group's stages (an index array,
     increasing), `first[g]`: its first stage, `syncs[g]`: their StageSync; `index[s]`: stage s's group
     (perf: a table with one row per group becomes the per-stage array in one take)."""
-    __slots__ = ("rows", "first", "syncs", "index")
+    __slots__ = ("embedding", "first", "index", "rows", "syncs")
 
     def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray):
         self.rows, self.first, self.syncs, self.index = rows, first, syncs, index
+        # the stages with a tied-embedding sync, in increasing order
+        self.embedding = tuple(sorted(s for rows, st in zip(rows, syncs) if st.embedding_sync is not None
+                                      for s in rows.tolist()))
 
     def per_stage(self, per_group: list) -> np.ndarray:
         """The per-stage array of a value per group (rows: a row per group, one per stage)."""

@@ -31,7 +31,8 @@ def test_stage_groups_equal_per_stage_loop(data):
     pp = data.draw(st.integers(1, 12))
     vpp = data.draw(st.integers(1, 3))
     # a few shared sync objects, in runs or interleaved; layer counts that sometimes differ
-    syncs = [object() for _ in range(data.draw(st.integers(1, 4)))]
+    syncs = [SimpleNamespace(embedding_sync=data.draw(st.sampled_from([None, "all-reduce"])))
+             for _ in range(data.draw(st.integers(1, 4)))]
     stages = tuple(syncs[i] for i in data.draw(st.lists(st.integers(0, len(syncs) - 1), min_size=pp, max_size=pp)))
     layers = tuple(data.draw(st.lists(st.integers(0, 3), min_size=pp * vpp, max_size=pp * vpp)))
     graph = SimpleNamespace(plan=SimpleNamespace(pp=pp, vpp=vpp, chunk_layers=layers), stages=stages)
@@ -42,6 +43,7 @@ def test_stage_groups_equal_per_stage_loop(data):
         assert got.first[g] == rows[0] and type(got.first[g]) is int and got.syncs[g] is stages[rows[0]]
         assert (got.index[rows] == g).all()
     assert got.index.dtype == np.int64 and len(got.index) == pp
+    assert got.embedding == tuple(s for s in range(pp) if stages[s].embedding_sync is not None)
     table = [[float(g), -float(g)] for g in range(len(want))]     # a row per group becomes a row per stage
     assert got.per_stage(table).tolist() == [table[g] for g in got.index.tolist()]
 
