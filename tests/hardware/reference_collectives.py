@@ -1,7 +1,8 @@
 """The collective models as they were computed per call before the per-group plans
 (comet/hardware/collective_plans.py, branch i18s-step; main 1e0c0a7's network.algorithm_times and its
-helpers, unchanged but for the placement, which is network._views built afresh): the reference the plans
-are checked against bit for bit (test_collective_plans.py)."""
+helpers, unchanged but for the placement, which is network._views built afresh, and the ring's hop
+latencies, collective_plans.ring_hops, main's _ring_hops as it was): the reference the plans are checked
+against bit for bit (test_collective_plans.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from comet.config.cluster import CollectiveAlgorithm
 from comet.graph.ir import Collective
 from comet.hardware import network
 from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS, TREE_BUS_FACTOR,
-                                             TREE_PROTOCOLS)
+                                             TREE_PROTOCOLS, ring_hops)
 
 A = CollectiveAlgorithm
 
@@ -56,15 +57,8 @@ def _ring(kind, msg, views):
     n = math.prod(v.n for v in views)
     passes = 2 if kind is Collective.ALL_REDUCE else 1
     rate, plateau = _slowest(views, msg / n, "ring")
-    hops, outer_crossings, counted = [], 0, 0
-    for v in reversed(views[1:]):
-        k = n // v.inner
-        hops.append((passes * (k - outer_crossings) * v.dim.latency_s, False))
-        counted += k - outer_crossings
-        outer_crossings = k
-    hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, len(views) == 1 or True))
     moved = passes * (n - 1) / n * msg
-    return _Cost(moved / rate, tuple(hops), plateau_s=moved / plateau)
+    return _Cost(moved / rate, ring_hops(views, n, passes), plateau_s=moved / plateau)
 
 
 def _tree_between_domains(msg, outer, nvls):
