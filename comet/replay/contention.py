@@ -159,20 +159,23 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
         # additions, in the same order, as numpy's element updates). perf (i18s-step): no entry per
         # block (a block's walk costs about its look-up; the kinds' entry below is what a search hits),
         # one crossing memo for all blocks, each send stride's seconds looked up once
+        # perf (i18s-step): only the kinds a backward task runs (the forward kinds' blocks are never read)
+        used = list(dict.fromkeys(b_kind.ravel().tolist()))
+        backward = [kinds[k] for k in used]
         placed: dict = {}
         of_block = {key: _block_nic_s(graph.blocks[key], cluster, timed, placed)
-                    for key in dict.fromkeys(key for keys, _ in kinds for key in keys)}
+                    for key in dict.fromkeys(key for keys, _ in backward for key in keys)}
         send_s = {stride: p2p_s(plan.p2p_bytes, stride, cluster) if _p2p_crosses(stride, cluster) else None
-                  for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
-        kind_nic = []
-        for keys, stride in kinds:
+                  for stride in dict.fromkeys(stride for _, stride in backward) if stride is not None}
+        kind_nic = np.zeros(len(kinds))
+        for k, (keys, stride) in zip(used, backward):
             total = 0.0
             for key in keys:
                 total += of_block[key]
             if stride is not None and send_s[stride] is not None:
                 total += send_s[stride]
-            kind_nic.append(total)
-        return np.array(kind_nic, dtype=float)
+            kind_nic[k] = total
+        return kind_nic
 
     # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
     kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,

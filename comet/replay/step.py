@@ -350,8 +350,8 @@ def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | N
         ints_g.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
     # perf (i18s-step): the kernel computes the ready offsets from these terms (a table of
     # _ready_offsets was built here: ~30 small numpy calls)
-    return (np.array(bucket_group, dtype=np.int64)[groups.index], np.array(terms_g, dtype=float).reshape(-1, 3),
-            np.array(ints_g, dtype=np.int64).reshape(-1, 4), np.array(emb, dtype=np.int64))
+    return (np.array(bucket_group, dtype=np.int64)[groups.index], np.array(terms_g, dtype=float),
+            np.array(ints_g, dtype=np.int64), np.array(emb, dtype=np.int64))
 
 
 def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -376,7 +376,8 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
             rows_of.append((stages, s0, st, terms))
             terms_of.append(terms)
         emb = groups.embedding
-        adam, link = groups.per_stage(adam_of), groups.per_stage(link_of)
+        # perf (i18s-step): both per-stage arrays in one take (rows of one table, each contiguous)
+        adam, link = np.take(np.array((adam_of, link_of), dtype=float), groups.index, axis=1)
         adam.flags.writeable = link.flags.writeable = False
         return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(groups, terms_of, emb))
 
