@@ -175,7 +175,7 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
             if stride is not None and send_s[stride] is not None:
                 total += send_s[stride]
             kind_nic[k] = total
-        return kind_nic
+        return _read_only(kind_nic)     # shared: read-only from here on
 
     # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
     kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,
