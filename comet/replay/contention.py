@@ -97,7 +97,7 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
     the op's duration (replay.timing.timed_s on this cluster and precision); `b_dur[stage, chunk]`:
-    backward task durations; `groups`: stages sharing one StageSync (step.StageGroups), or None (each
+    backward task durations; `groups`: stages sharing one StageSync (tails.StageGroups), or None (each
     stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it."""
     plan = graph.plan
     kinds = kinds or task_kinds(plan)

@@ -1,4 +1,4 @@
-"""Compiled kernels of the stage tails (comet/replay/step.py, contention.py): a stage's data-parallel stream
+"""Compiled kernels of the stage tails (comet/replay/tails.py, contention.py): a stage's data-parallel stream
 of gradient buckets on a NIC port it shares with the backward's inter-node traffic (contention.serial_shared's
 arithmetic, bit for bit), and every stage's tail (DP stream, tied-embedding sync, optimizer) in one pass."""
 
@@ -59,7 +59,7 @@ def nic_rate(nic: np.ndarray, busy: np.ndarray):
 @njit(inline="always")
 def _ready_offset(k: int, count: int, head: float, per_layer: float, all_compute: float, n: int,
                   progressive: bool) -> float:
-    """Bucket k's step.bucket_ready_offsets (the same arithmetic): the first ceil((k+1) n / count)
+    """Bucket k's tails.bucket_ready_offsets (the same arithmetic): the first ceil((k+1) n / count)
     layers' backward after the head, the last bucket (or every bucket, where not progressive) at the
     chunk's whole backward."""
     if progressive and n > 0 and k < count - 1:
@@ -71,7 +71,7 @@ def _ready_offset(k: int, count: int, head: float, per_layer: float, all_compute
 def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray, head: float,
                          per_layer: float, all_compute: float, n: int, count: int, progressive: bool, dur: float):
     """The DP stream of stages (rows) whose gradient buckets are one chunk's `count` equal buckets of
-    `dur` seconds: bucket k is ready at start[r] + step.bucket_ready_offsets (the same arithmetic), the
+    `dur` seconds: bucket k is ready at start[r] + tails.bucket_ready_offsets (the same arithmetic), the
     stream shares the port as serial_shared_rows. Returns (ends (rows, count), True), or (empty,
     False) when the offsets are not in bucket order (the caller sorts them)."""
     offsets = np.empty(count)
@@ -97,7 +97,7 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
                              durs: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray) -> np.ndarray:
     """The end of each row's DP stream when its buckets span chunks: bucket k is ready at
     last_b_start[rows[r], chunk_of[k]] + offsets[k], the buckets run in stable order of readiness (a
-    merge sort: numpy's stable argsort) and share the port as serial_shared_rows (step._tails' generic
+    merge sort: numpy's stable argsort) and share the port as serial_shared_rows (tails._tails' generic
     path, the same arithmetic; tests/replay/test_contention.py)."""
     n, cols = rows.shape[0], offsets.shape[0]
     out = np.empty(n)
@@ -120,10 +120,10 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
                 emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
     """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
     ready in bucket order (group g of stage s = group_of[s], -1: no buckets; terms[g] = (head,
-    per_layer, all_compute) of step._bucket_ready_terms and group_i[g] = (chunk, count, layers,
-    progressive) give the offsets of step.bucket_ready_offsets; g_dur[g] a bucket's seconds): the DP
+    per_layer, all_compute) of tails._bucket_ready_terms and group_i[g] = (chunk, count, layers,
+    progressive) give the offsets of tails.bucket_ready_offsets; g_dur[g] a bucket's seconds): the DP
     stream on the shared port (_port_end's arithmetic), the tied-embedding all-reduce of stages `emb`
-    (it starts when both ends are ready), the optimizer (step._tails' arithmetic, in the same order).
+    (it starts when both ends are ready), the optimizer (tails._tails' arithmetic, in the same order).
     Returns (in bucket order, optimizer_start, optimizer_end, partner_wait, offload) per stage; where a
     group's buckets are not ready in bucket order, (False, ...) and the caller takes the generic path."""
     pp = compute_end.shape[0]
@@ -133,7 +133,7 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
         if group_i[g, 1] > buckets:
             buckets = group_i[g, 1]
     # perf (i18s-step): the offsets from each group's readiness terms here, not a table built in numpy
-    # per graph (step._fused_statics: ~30 small numpy calls, ~45 us of a cold call)
+    # per graph (tails._fused_statics: ~30 small numpy calls, ~45 us of a cold call)
     offsets = np.zeros((groups, buckets))
     for g in range(groups):
         count = group_i[g, 1]

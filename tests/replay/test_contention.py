@@ -16,7 +16,9 @@ from comet.config.parallel import OffloadTarget, ParallelConfig, Schedule
 from comet.evaluate import resolve
 from comet.replay import contention, tail_kernels
 from comet.replay import step as step_mod
-from comet.replay.step import bucket_ready_offsets, replay_step
+from comet.replay import tails as tails_mod
+from comet.replay.step import replay_step
+from comet.replay.tails import bucket_ready_offsets
 from comet.replay.timing import timed_s
 from comet.workload.builder import build_step_graph
 
@@ -112,11 +114,11 @@ def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str)
     par = {"global_batch": 8, "zero": 0, "overlap_grad_reduce": True, **par}
     graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(**par)))
     calls = []
-    kernel = getattr(step_mod, kernel_name)
-    monkeypatch.setattr(step_mod, kernel_name, lambda *a: calls.append(1) or kernel(*a))
+    kernel = getattr(tails_mod, kernel_name)
+    monkeypatch.setattr(tails_mod, kernel_name, lambda *a: calls.append(1) or kernel(*a))
     compiled = replay_step(graph, two_tier, "bf16")
     assert calls, f"the compiled path ({kernel_name}) did not run"
-    monkeypatch.setattr(step_mod, "HAVE_NUMBA", False)
+    monkeypatch.setattr(tails_mod, "HAVE_NUMBA", False)
     generic = replay_step(graph, two_tier, "bf16")
     assert compiled.step_time_s == generic.step_time_s and compiled.breakdown == generic.breakdown
     np.testing.assert_array_equal(compiled.tails.end, generic.tails.end)
@@ -126,7 +128,7 @@ def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str)
 def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
     # one chunk's buckets on a shared port run in one compiled pass (tail_kernels.shared_bucket_stream), where
     # the tails are not fused (a stage group's buckets span several sets: tail_kernels.stage_tails does not apply)
-    monkeypatch.setattr(step_mod, "_fused_statics", lambda *a: None)
+    monkeypatch.setattr(tails_mod, "_fused_statics", lambda *a: None)
     _compiled_equals_generic(two_tier, monkeypatch, par, "shared_bucket_stream")
 
 
@@ -153,7 +155,7 @@ def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
     # tail_kernels.stage_tails walks the buckets outer and the stages inner (independent chains side by side),
     # computes each group's ready offsets from its readiness terms and divides a bucket's seconds by the
     # rate once per stage: each stage's stream must still be contention.serial_shared's numpy loop over
-    # step._ready_offsets bit for bit, then the tied-embedding sync and the optimizer as step._tails
+    # tails._ready_offsets bit for bit, then the tied-embedding sync and the optimizer as tails._tails
     # computes them; a group whose offsets are out of bucket order sends the caller to the generic path
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     pp, vpp, n_groups = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
@@ -167,7 +169,7 @@ def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
         all_compute = all_compute * rng.uniform(0, 1, n_groups)
     terms = np.stack([head, per_layer, all_compute], axis=1)
     group_i = np.stack([rng.integers(0, vpp, n_groups), counts, layers, progressive], axis=1).astype(np.int64)
-    offsets = [step_mod._ready_offsets((head[g], per_layer[g], all_compute[g], int(layers[g])),
+    offsets = [tails_mod._ready_offsets((head[g], per_layer[g], all_compute[g], int(layers[g])),
                                        SimpleNamespace(count=int(counts[g]), progressive=bool(progressive[g])))
                for g in range(n_groups)]
     g_dur = rng.uniform(0.01, 0.5, n_groups)

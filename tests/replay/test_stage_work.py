@@ -1,4 +1,4 @@
-"""The stage work's fast paths (comet/replay/step.py, contention.py; branch i17s-stage) against the
+"""The stage work's fast paths (comet/replay/tails.py, contention.py; branch i17s-stage) against the
 per-stage / per-element reference they replace, on random inputs."""
 
 from types import SimpleNamespace
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from comet.config.cluster import NetworkDim
 from comet.hardware.network import group_span
 from comet.replay import contention
-from comet.replay.step import _stage_groups
+from comet.replay.tails import _stage_groups
 
 
 def _stage_groups_per_stage(graph) -> dict:
