@@ -141,7 +141,7 @@ def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_
 def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_block_replays: bool = False) -> StepReplay:
     blocks, blocks_key = _block_timings(graph, cluster, precision, keep_block_replays)
     plan = graph.plan
-    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    pp, m = plan.pp, plan.num_microbatches
     # perf: the plan is the cached graph's (read-only); its task kinds are looked up once per plan object
     kinds = cache.facts.get_or(("task kinds", cache.object_key(plan)), lambda: task_kinds(plan))
     f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds)
