@@ -183,7 +183,9 @@ enabled = True                      # False: every value computed afresh (see di
 
 durations = LRU(_BLOCK_ENTRIES)     # (signature, cluster key, precision) -> tuple of op durations
 replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (duration, parts)
-compiled = LRU(256)                 # signature -> CompiledGraph (structure only; no durations)
+# signature -> CompiledGraph; (signature, "packed") -> packed structure; (signature, "table") -> the block's op
+# table (replay/blocks.py): structure only, no durations, a few KB an entry
+compiled = LRU(512)
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks
 _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
