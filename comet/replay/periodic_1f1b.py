@@ -61,11 +61,17 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
         n_warm = warm_end - sa
         n_fwd = n_warm + max(0, (sb - f0 + 1) // 2)
         # forwards down the stages: F(s - 1) at j for a warm-up forward or the first steady one, else j - 1
+        last = -1                                  # the stage of the task just replayed, its end in `end`
+        end = 0.0
         for i in range(n_fwd):
             s = sa + i if i < n_warm else f0 + 2 * (i - n_warm)
             t = 0.0
             if s > 0:
-                t = table[row + s - 1] if s <= pp - 1 - j else table[row - pp + s - 1]
+                if s > pp - 1 - j:
+                    t = table[row - pp + s - 1]
+                else:    # perf: the task just replayed, from a register, not the table: the warm-up
+                    # forwards (and the drain backwards) chain down (up) the stages (warm window 19 -> 14 us)
+                    t = end if last == s - 1 else table[row + s - 1]
             p = prev[s]
             if j == 0:                             # every micro-batch 0: may wait on its parameter gathers
                 src_end = t
@@ -83,14 +89,19 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
             p = start + dur[2 * s]
             prev[s] = p
             table[row + s] = p
+            last, end = s, p
         # then backwards up: B(s + 1) at j - 1 for a steady backward, at j for a drain one
         n_steady = max(0, (sb - b0 + 1) // 2)
+        last = -1
         n_bwd = n_steady + drain_end - sa
         for i in range(n_bwd):
             s = b0 + 2 * (n_steady - 1 - i) if i < n_steady else drain_end - 1 - (i - n_steady)
             t = 0.0
             if s < pp - 1:
-                t = table[row - pp + s + 1] if i < n_steady else table[row + s + 1]
+                if i < n_steady:
+                    t = table[row - pp + s + 1]
+                else:
+                    t = end if last == s + 1 else table[row + s + 1]
             p = prev[s]
             start = p if p > t else t
             bubble[s] += start - p
@@ -99,6 +110,7 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
             p = start + dur[2 * s + 1]
             prev[s] = p
             table[row + s] = p
+            last, end = s, p
 
 
 @njit(cache=True, nogil=True)
