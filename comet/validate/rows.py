@@ -26,10 +26,11 @@ from comet.workload.memory_measures import MEASURES
 
 REQUIRED_COLUMNS = ("source", "model", "layers", "hidden", "heads", "seq_len", "vocab", "num_gpus", "tp", "pp",
                     "global_batch", "framework", "metric", "value")
-TIME_METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu",
-                "time_to_train_min", "layer_fwd_bwd_time_ms")
+# every time or rate metric the schema accepts (the summary scores a subset: summary.STEP_RATE_METRICS)
+TIMING_METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu",
+                  "time_to_train_min", "layer_fwd_bwd_time_ms")
 MEMORY_METRICS = ("memory_gib_per_gpu", "memory_gb_per_gpu")
-METRICS = TIME_METRICS + MEMORY_METRICS
+METRICS = TIMING_METRICS + MEMORY_METRICS
 ENUMS = {
     "activation": tuple(a.value for a in Activation),
     "attention": ("mha", "gqa", "mla"),

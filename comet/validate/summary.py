@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from comet.validate.predict import Prediction
+from comet.validate.rows import MEMORY_METRICS
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,8 @@ def source_label(p: Prediction) -> str:
 
 # Issue 11 scores the step-rate metrics (iteration time, tokens/s, TFLOP/s, MFU). Time to train is reported on
 # its own: MLPerf's run_start..run_stop also counts periodic evaluation, which the schema has no column for.
-TIME_METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu")
+STEP_RATE_METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu")
 TIME_TO_TRAIN_METRICS = ("time_to_train_min",)
-MEMORY_METRICS = ("memory_gib_per_gpu", "memory_gb_per_gpu")
 
 
 def scale(p: Prediction) -> str:
@@ -74,7 +74,7 @@ def summarize(preds: list[Prediction]) -> dict:
     scale, framework, model size) over the time metrics, which comet.validate.uncertainty turns into
     an expected error band for new predictions."""
     counts = {s: sum(p.status == s for p in preds) for s in ("ok", "skipped", "infeasible")}
-    time_rows = [p for p in preds if p.case.metric in TIME_METRICS]
+    time_rows = [p for p in preds if p.case.metric in STEP_RATE_METRICS]
     dense_rows = [p for p in time_rows if p.case.model is None or p.case.model.moe is None]
     return {
         "time_metrics": stats(time_rows),
@@ -83,7 +83,7 @@ def summarize(preds: list[Prediction]) -> dict:
         "time_metrics_dense_held_out": stats([p for p in dense_rows if p.case.held_out]),
         "time_to_train": stats([p for p in preds if p.case.metric in TIME_TO_TRAIN_METRICS]),
         "time_metrics_with_time_to_train": stats([p for p in preds
-                                                  if p.case.metric in TIME_METRICS + TIME_TO_TRAIN_METRICS]),
+                                                  if p.case.metric in STEP_RATE_METRICS + TIME_TO_TRAIN_METRICS]),
         "memory": stats([p for p in preds if p.case.metric in MEMORY_METRICS]),
         "by_precision": grouped(time_rows, precision),
         "by_scale": grouped(time_rows, scale),

@@ -135,9 +135,9 @@ def test_published_korthikanti_iteration_times():
 def test_published_generalisation_bounds():
     """Issue 11's bounds for unseen runs, checked on the shipped CSV's held-out rows: dense time metrics
     <= 12% MAPE with >= 90% of dense time rows predicted; memory rows <= 12%."""
-    from comet.validate.summary import TIME_METRICS, stats
+    from comet.validate.summary import STEP_RATE_METRICS, stats
     val = _published()
-    dense = [p for p in val.predictions if p.case.metric in TIME_METRICS
+    dense = [p for p in val.predictions if p.case.metric in STEP_RATE_METRICS
              and (p.case.model is None or p.case.model.moe is None)]
     assert sum(p.status == "ok" for p in dense) / len(dense) >= 0.90
     assert stats([p for p in dense if p.case.held_out]).mape <= 12.0
