@@ -167,3 +167,15 @@ def periodic_1f1b(pp: int, m: int, m0: int, dur: np.ndarray, f_release: np.ndarr
     replay_rule_window(pp, m, 2 * (m - 1), 2 * m + pp - 1, dur, f_release, table, history[0], bubble, gather_wait,
                        last_b_start)
     return state, lam, replayed, uniform, history[0], last_b_start.reshape((pp, 1)), bubble, gather_wait
+
+
+@njit(cache=True, nogil=True)
+def whole_1f1b(pp: int, m: int, dur: np.ndarray, f_release: np.ndarray):
+    """Every task of the 1F1B schedule of m >= pp - 1 micro-batches replayed by rule (one window from
+    position 0 to the end): kernels.pipeline_summary's figures bit for bit (the same arithmetic per task,
+    each stage's tasks in order), without its sweep or visit order. Returns (compute_end, last_b_start
+    (pp, 1), bubble, gather_wait)."""
+    table = np.empty((2 * m + 2) * pp)
+    clock, bubble, gather_wait, last_b_start = np.zeros(pp), np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    replay_rule_window(pp, m, 0, 2 * m + pp - 1, dur, f_release, table, clock, bubble, gather_wait, last_b_start)
+    return clock, last_b_start.reshape((pp, 1)), bubble, gather_wait

@@ -56,3 +56,22 @@ def test_the_rule_replay_equals_the_windows_replay(schedule, pp, extra, seed, ki
         want = _by_windows(schedule, pp, m, dur, release)
         for name in FIELDS:
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=st.sampled_from(["1f1b", "interleaved_1f1b"]), pp=st.integers(1, 70), short=st.integers(0, 3),
+       seed=st.integers(0, 2 ** 32 - 1), releases=st.booleans())
+def test_short_schedules_replayed_by_rule_equal_the_sweep(schedule, pp, short, seed, releases):
+    # m below m0 + 3 (no periodic jump): the whole schedule by rule where no warm-up is capped (m >= pp
+    # - 1), else the sweep itself; either way the sweep's figures bit for bit
+    from comet.replay import pipeline
+    rng = np.random.default_rng(seed)
+    m = max(pp + 1 - short, 1)
+    f, b = rng.uniform(0.5, 2.0, (pp, 1)), rng.uniform(1.0, 4.0, (pp, 1))
+    release = np.where(rng.random((pp, 1)) < 0.5, rng.uniform(0, 3, (pp, 1)), 0.0) if releases else np.zeros((pp, 1))
+    dur, rel = np.stack((f, b), axis=1).ravel(), release.ravel()
+    with cache.disabled():
+        want = pipeline.summarize(schedule, pp, 1, m, f, b, release)
+    got = periodic.summarize(schedule, pp, 1, m, dur, rel, dur.tobytes(), rel.tobytes())
+    for name in FIELDS:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
