@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet.replay.kernels import njit
+from comet.replay.kernels import first_forward_start, njit
 
 
 @njit(cache=True, nogil=True)
@@ -47,6 +47,19 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
         lo = low - (pp - 1 - s)                    # task before the window, at lo - 1
         if lo > 0:
             table[(lo - 1 - base) * pp + s] = prev[s]
+    if j0 == 0 and j1 > 0:
+        # position 0: every stage's first forward (micro-batch 0, kernels.replay_window's FIRST_FORWARD),
+        # waiting on the one above and on its parameter gathers; the loop below replays the others
+        t = 0.0
+        for s in range(max(0, pp - high), min(pp, pp - low)):
+            p = prev[s]
+            start, gathered = first_forward_start(p, t, f_release[s])
+            if gathered:
+                gather_wait[s] += start - p
+            else:
+                bubble[s] += start - p
+            t = prev[s] = table[pp + s] = start + dur[2 * s]
+        j0 = 1
     # perf: the task bodies written out in two loops, not a helper taking the arrays (a helper cost 150
     # us against 20 on the warm window of pp 64)
     for j in range(j0, j1):
@@ -73,19 +86,8 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
                     # forwards (and the drain backwards) chain down (up) the stages (warm window 19 -> 14 us)
                     t = end if last == s - 1 else table[row + s - 1]
             p = prev[s]
-            if j == 0:                             # every micro-batch 0: may wait on its parameter gathers
-                src_end = t
-                r = f_release[s]
-                if r > t:
-                    t = r
-                start = p if p > t else t
-                if r > 0.0 and start == r and src_end < start:
-                    gather_wait[s] += start - p
-                else:
-                    bubble[s] += start - p
-            else:
-                start = p if p > t else t
-                bubble[s] += start - p
+            start = p if p > t else t
+            bubble[s] += start - p
             p = start + dur[2 * s]
             prev[s] = p
             table[row + s] = p
