@@ -96,30 +96,34 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release
     chunk], release[stage * vpp + chunk] (float64, contiguous), and their bytes."""
     q = _period(schedule, pp, vpp)
     m0 = _first_steady(schedule, pp, vpp, m % q)
-    by_phase = dur.reshape(pp, 2, vpp)
     if m0 is None or m < _swept(m0, q):
-        if m0 is not None and vpp == 1 and m >= pp - 1:
-            # perf: 1F1B's whole schedule by rule, no sweep (pp 64, m 64: 170 us on a first call, 40 us
-            # over the recorded order, ~20 us by rule); bit for bit the sweep (periodic_1f1b.whole_1f1b)
-            return PipelineSummary(*whole_1f1b(pp, m, dur, release))
-        return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+        return _whole(schedule, pp, vpp, m, dur, release)
     shape = ("periodic", schedule, pp, vpp, m0)
     if vpp == 1:       # 1F1B (interleaved with one chunk is 1F1B): its windows are closed-form
         return _summarize_by_rule(shape, pp, m, m0, dur, release, dur_bits, release_bits)
     return _summarize_by_windows(shape, schedule, pp, vpp, m, m0, dur, release, dur_bits, release_bits)
 
 
+def _whole(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: np.ndarray) -> PipelineSummary:
+    """Every task of the schedule (pipeline.summarize's sweep, or its figures bit for bit)."""
+    if schedule != "gpipe" and vpp == 1 and m >= pp - 1:
+        # perf: 1F1B with no warm-up capped by rule, no sweep (pp 64, m 64: 89 us on a first call, 28 us
+        # over the recorded order, 21 us by rule; periodic_1f1b.whole_1f1b)
+        return PipelineSummary(*whole_1f1b(pp, m, dur, release))
+    by_phase = dur.reshape(pp, 2, vpp)
+    return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+
+
 def _summarize_by_windows(shape: tuple, schedule: str, pp: int, vpp: int, m: int, m0: int, dur: np.ndarray,
                           release: np.ndarray, dur_bits: bytes, release_bits: bytes) -> PipelineSummary:
     """summarize from the shape's visit orders (periodic_windows, built once per shape and cached)."""
     q = _period(schedule, pp, vpp)
-    by_phase = dur.reshape(pp, 2, vpp)
     windows = cache.orders.get(shape)
     if windows is None:
         windows = _windows(schedule, pp, vpp, m0) or ()
         cache.orders.put(shape, windows)
     if not windows:
-        return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+        return _whole(schedule, pp, vpp, m, dur, release)
     warm, warm_last, period, period_last, tail = windows
     periods = (m - q - m0) // q                       # periods from the warm window to the tail
     end = pipeline._scratch(max(len(warm), len(period), len(tail)) + 1 + len(warm_last) * pp)
