@@ -34,24 +34,24 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
                        last_b_start: np.ndarray) -> None:
     """Replay, in place from each stage's clock prev[s], stage s's tasks at positions lo_s <= j < hi_s of
     the 1F1B schedule of m >= pp - 1 micro-batches, lo_s = max(0, low - w_s), hi_s = min(2m, high - w_s),
-    w_s = pp - 1 - s: the warm window (low 0), a period (low = 2k, high = low + 2) or the tail (low =
-    2(m - 1), high = 2m + pp - 1). low - w_s must be even (each stage starts on a forward) or 0 or less.
-    dur[stage * 2 + phase], f_release[stage]; table: scratch of (positions + 1) x pp floats (each task's
-    end by position, position-major: a task's input is a neighbour's at j or j - 1). The arithmetic is
-    kernels.replay_window's, whose FIRST_FORWARD tasks are the forwards at position 0 here and whose
-    LAST_BACKWARD ones the backwards at 2m - 1."""
+    w_s = pp - 1 - s: the warm window (low 0, high 2(pp - 1)), a period (low = 2k >= 2(pp - 1), high =
+    low + 2), the tail (low = 2(m - 1), high = 2m + pp - 1) or the whole schedule (low 0, high 2m + pp -
+    1). dur[stage * 2 + phase], f_release[stage]; table: scratch of (positions + 1) x pp floats (each
+    task's end by position, position-major). The arithmetic is kernels.replay_window's, whose
+    FIRST_FORWARD tasks are the forwards at position 0 here and whose LAST_BACKWARD ones the backwards at
+    2m - 1; each stage's tasks in order, so its idle sums add up in the same order."""
     j0 = max(0, low - pp + 1)
     j1 = min(2 * m, high)
     base = j0 - 1                                  # table row 0: the position before the window
-    for s in range(1, pp):                         # a backward may read its neighbour's clock: its last
-        lo = low - (pp - 1 - s)                    # task before the window, at lo - 1
+    for s in range(1, pp):                         # a steady backward may read its neighbour's clock: its
+        lo = low - (pp - 1 - s)                    # last task before the window, at lo - 1
         if lo > 0:
             table[(lo - 1 - base) * pp + s] = prev[s]
     if j0 == 0 and j1 > 0:
-        # position 0: every stage's first forward (micro-batch 0, kernels.replay_window's FIRST_FORWARD),
-        # waiting on the one above and on its parameter gathers; the loop below replays the others
+        # the warm-up forwards (j < w_s), first. Position 0: every stage's first forward (micro-batch 0),
+        # waiting on the one above and on its parameter gathers
         t = 0.0
-        for s in range(max(0, pp - high), min(pp, pp - low)):
+        for s in range(pp):
             p = prev[s]
             start, gathered = first_forward_start(p, t, f_release[s])
             if gathered:
@@ -59,51 +59,41 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
             else:
                 bubble[s] += start - p
             t = prev[s] = table[pp + s] = start + dur[2 * s]
+        # then F(s, j) waits on F(s - 1, j) and F(s, j - 1): perf: by diagonal s + j, whose tasks are
+        # independent (by position they chain down the stages)
+        for d in range(1, pp - 1):
+            for s in range(d):
+                at = (d - s + 1) * pp + s
+                t = table[at - 1] if s > 0 else 0.0
+                p = prev[s]
+                start = p if p > t else t
+                bubble[s] += start - p
+                p = start + dur[2 * s]
+                prev[s] = p
+                table[at] = p
         j0 = 1
-    # perf: the task bodies written out in two loops, not a helper taking the arrays (a helper cost 150
-    # us against 20 on the warm window of pp 64)
+    # the steady tasks by position: forwards down the stages, F(s - 1) at j - 1 (at j for the first
+    # steady forward, j = w_s, which reads a warm-up forward), then backwards up, B(s + 1) at j - 1
     for j in range(j0, j1):
         row = (j - base) * pp
         sa = max(0, j - high + pp)                 # hi_s > j
         sb = min(pp, j - low + pp)                 # lo_s <= j
-        warm_end = max(sa, min(sb, pp - 1 - j))    # warm-up forwards on [sa, warm_end): j < w_s
-        drain_end = max(sa, min(sb, pp - 2 * m + j))   # drain backwards on [sa, drain_end): j >= 2m - w_s
-        steady = max(sa, pp - 1 - j, pp - 2 * m + j)   # then steady stages, forward where j - w_s is even
+        steady = max(sa, pp - 1 - j, pp - 2 * m + j)   # w_s <= j < 2m - w_s: forward where j - w_s is even
         odd = (j - pp + 1 + steady) & 1
-        f0, b0 = steady + odd, steady + 1 - odd
-        n_warm = warm_end - sa
-        n_fwd = n_warm + max(0, (sb - f0 + 1) // 2)
-        # forwards down the stages: F(s - 1) at j for a warm-up forward or the first steady one, else j - 1
-        last = -1                                  # the stage of the task just replayed, its end in `end`
-        end = 0.0
-        for i in range(n_fwd):
-            s = sa + i if i < n_warm else f0 + 2 * (i - n_warm)
+        for s in range(steady + odd, sb, 2):
             t = 0.0
             if s > 0:
-                if s > pp - 1 - j:
-                    t = table[row - pp + s - 1]
-                else:    # perf: the task just replayed, from a register, not the table: the warm-up
-                    # forwards (and the drain backwards) chain down (up) the stages (warm window 19 -> 14 us)
-                    t = end if last == s - 1 else table[row + s - 1]
+                t = table[row + s - 1] if s == pp - 1 - j else table[row - pp + s - 1]
             p = prev[s]
             start = p if p > t else t
             bubble[s] += start - p
             p = start + dur[2 * s]
             prev[s] = p
             table[row + s] = p
-            last, end = s, p
-        # then backwards up: B(s + 1) at j - 1 for a steady backward, at j for a drain one
-        n_steady = max(0, (sb - b0 + 1) // 2)
-        last = -1
-        n_bwd = n_steady + drain_end - sa
-        for i in range(n_bwd):
-            s = b0 + 2 * (n_steady - 1 - i) if i < n_steady else drain_end - 1 - (i - n_steady)
-            t = 0.0
-            if s < pp - 1:
-                if i < n_steady:
-                    t = table[row - pp + s + 1]
-                else:
-                    t = end if last == s + 1 else table[row + s + 1]
+        b0 = steady + 1 - odd
+        for i in range(max(0, (sb - b0 + 1) // 2)):
+            s = b0 + 2 * ((sb - b0 + 1) // 2 - 1 - i)
+            t = table[row - pp + s + 1] if s < pp - 1 else 0.0
             p = prev[s]
             start = p if p > t else t
             bubble[s] += start - p
@@ -112,7 +102,21 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
             p = start + dur[2 * s + 1]
             prev[s] = p
             table[row + s] = p
-            last, end = s, p
+    if high >= 2 * m + pp - 1:
+        # the drain backwards (j >= 2m - w_s), last: B(s, j) waits on B(s + 1, j) and B(s, j - 1)
+        # (the first of a stage on steady tasks): perf: by diagonal j - s, whose tasks are independent
+        for e in range(2 * m - pp + 1, 2 * m):
+            for s in range(min(pp - 1, 2 * m - e)):
+                at = (e + s - base) * pp + s
+                t = table[at + 1]
+                p = prev[s]
+                start = p if p > t else t
+                bubble[s] += start - p
+                if e + s == 2 * m - 1:
+                    last_b_start[s] = start
+                p = start + dur[2 * s + 1]
+                prev[s] = p
+                table[at] = p
 
 
 @njit(cache=True, nogil=True)
