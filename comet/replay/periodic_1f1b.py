@@ -12,9 +12,12 @@ neighbour's task at position j or j - 1:
   other steady forwards                                           <- F(s - 1, .) at j - 1
   steady backwards                                                <- B(s + 1, .) at j - 1
   drain backwards                                                 <- B(s + 1, .) at j
-so visiting each position's forwards down the stages, then its backwards up, is topological, and a window
-that starts each stage on a forward (every window periodic.py cuts: its bounds are 2k - w_s) reads
-nothing before it but each stage's clock (the history of depth 1 that periodic_kernels.periodic_windows
+so visiting each position's forwards down the stages, then its backwards up, is topological. No steady
+task waits on a drain backward, and only warm-up forwards wait on warm-up forwards, so the warm-up
+forwards are replayed first and the drain backwards last, each by diagonal (s + j, j - s: the tasks of a
+diagonal are independent, where by position they chain along the stages), and every stage's tasks still
+in order. A window that starts each stage on a forward (every window periodic.py cuts: its bounds are
+2k - w_s) reads nothing before it but each stage's clock (the history of depth 1 that periodic_kernels.periodic_windows
 finds for every 1F1B shape; tests/replay/test_periodic_1f1b.py checks pp 1..256). The arithmetic per
 task is kernels.replay_window's, task by task, and the transient, jump and tail are periodic_kernels'
 periodic_transient and periodic_summary with the windows replayed by rule, so the figures are the codes
