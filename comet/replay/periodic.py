@@ -108,7 +108,7 @@ def _whole(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: n
     """Every task of the schedule (pipeline.summarize's sweep, or its figures bit for bit)."""
     if schedule != "gpipe" and vpp == 1 and m >= pp - 1:
         # perf: 1F1B with no warm-up capped by rule, no sweep (pp 64, m 64: 89 us on a first call, 28 us
-        # over the recorded order, 21 us by rule; periodic_1f1b.whole_1f1b)
+        # over the recorded order, 15 us by rule; periodic_1f1b.whole_1f1b)
         return PipelineSummary(*whole_1f1b(pp, m, dur, release))
     by_phase = dur.reshape(pp, 2, vpp)
     return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
@@ -148,7 +148,7 @@ def _summarize_by_rule(shape: tuple, pp: int, m: int, m0: int, dur: np.ndarray, 
                        release_bits: bytes) -> PipelineSummary:
     """summarize for 1F1B with one chunk: the same transient, jump and tail with the windows replayed
     straight from the schedule's rule in one compiled call (periodic_1f1b.py; bit for bit the codes'
-    replay). perf: no visit orders to build (GPT-3 1T, pp 64, m 192, a first call: ~110 -> ~30 us)."""
+    replay). perf: no visit orders to build (GPT-3 1T, pp 64, m 192, a first call: 118 -> 23 us)."""
     periods = m - 1 - m0                              # periods from the warm window to the tail
     key = (shape, dur_bits, release_bits)
     known = cache.transients.get(key)
