@@ -123,6 +123,24 @@ def replay_rule_window(pp: int, m: int, low: int, high: int, dur: np.ndarray, f_
 
 
 @njit(cache=True, nogil=True)
+def replay_period(pp: int, dur: np.ndarray, before: np.ndarray, prev: np.ndarray, bubble: np.ndarray) -> None:
+    """replay_rule_window on a period past the warm-up (low = 2k >= 2(pp - 1), high = low + 2): each
+    stage's forward F(s, k), which waits on F(s - 1, k) just replayed, then its backward B(s, k - w_s),
+    which waits on stage s + 1's task before the period (its clock `before`). perf: one pass down the
+    stages, not pp + 1 positions (a period of pp 64: ~1.5 -> ~0.3 us; m 128 replays up to 64 of them)."""
+    t = 0.0
+    for s in range(pp):
+        p = prev[s]
+        start = p if p > t else t
+        bubble[s] += start - p
+        t = start + dur[2 * s]
+        src = before[s + 1] if s < pp - 1 else 0.0
+        start = t if t > src else src
+        bubble[s] += start - t
+        prev[s] = start + dur[2 * s + 1]
+
+
+@njit(cache=True, nogil=True)
 def periodic_1f1b(pp: int, m: int, m0: int, dur: np.ndarray, f_release: np.ndarray, periods: int, tol_ulps: float,
                   max_span: float, known: np.ndarray, known_lam: float, known_replayed: int):
     """periodic_kernels.periodic_transient then periodic_summary for 1F1B, their windows replayed by rule
@@ -140,28 +158,22 @@ def periodic_1f1b(pp: int, m: int, m0: int, dur: np.ndarray, f_release: np.ndarr
         clock, bubble, gather_wait, step_bubble = state[0], state[1], state[2], state[3]
         replay_rule_window(pp, m, 0, 2 * m0, dur, f_release, table, clock, bubble, gather_wait, last_b_start)
         before = np.empty(pp)
-        step_wait = np.zeros(pp)
         lam, replayed, uniform = 0.0, periods, False
         for k in range(periods):
             before[:] = clock
             step_bubble[:] = 0.0
-            step_wait[:] = 0.0
             # a period's idle sums start from zero: its per-period bubble is exact, not a difference of sums
-            low = 2 * (m0 + k)
-            replay_rule_window(pp, m, low, low + 2, dur, f_release, table, clock, step_bubble, step_wait,
-                               last_b_start)
+            # (and it holds no first forward: no gather wait)
+            replay_period(pp, dur, before, clock, step_bubble)
             top = 0.0
             for s in range(pp):
                 bubble[s] += step_bubble[s]
-                gather_wait[s] += step_wait[s]
                 if abs(clock[s]) > top:
                     top = abs(clock[s])
             step_lam = clock[0] - before[0]
             flat = step_lam > 0.0 and top <= max_span * step_lam
             tol = tol_ulps * 2.220446049250313e-16 * top
             for s in range(pp):
-                if step_wait[s] != 0.0:
-                    flat = False
                 if abs((clock[s] - before[s]) - step_lam) > tol:
                     flat = False
             if flat:
