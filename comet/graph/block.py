@@ -55,22 +55,26 @@ class Block(nx.DiGraph):
         return nx.DiGraph(*args, **kwargs)
 
     @classmethod
-    def of(cls, ops: list[Op], edges: list[tuple[int, int, str]]) -> "Block":
+    def of(cls, ops: list[Op], edges: list[tuple[int, int, str]], table=None) -> "Block":
+        """`table`: the ops' graph/op_table.TableWriter, where the builder wrote one."""
         b = object.__new__(cls)
-        b.__dict__["_lists"] = (ops, edges)
+        d = b.__dict__
+        d["_lists"] = (ops, edges)
+        d["_table"] = table
         return b
 
     def __reduce__(self):
         lists = self.__dict__.get("_lists")
         if lists is None:  # pragma: no cover - a Block stops being one once built (_materialize)
             return super().__reduce__()
-        return Block.of, lists
+        return Block.of, (*lists, self.__dict__.get("_table"))
 
     def __len__(self) -> int:
         return len(self.__dict__["_lists"][0])
 
     def _materialize(self) -> None:
         ops, edges = self.__dict__.pop("_lists")
+        self.__dict__.pop("_table", None)
         self.__class__ = nx.DiGraph         # from here on an ordinary graph, edited like any other
         nx.DiGraph.__init__(self)
         self.add_nodes_from((i, {"op": op}) for i, op in enumerate(ops))
@@ -84,6 +88,12 @@ for _name in _NX_STATE:
 def block_lists(g) -> tuple[list[Op], list[tuple[int, int, str]]] | None:
     """(ops, edges) of a Block not yet turned into a graph; None for any other graph."""
     return g.__dict__["_lists"] if type(g) is Block else None
+
+
+def block_table(g):
+    """The graph/op_table.TableWriter the builder filled for a Block not yet turned into a graph; None
+    for any other graph (TableWriter.of derives one from the ops)."""
+    return g.__dict__["_table"] if type(g) is Block else None
 
 
 def block_ops(g) -> list[Op]:

@@ -3,19 +3,21 @@ reused for every occurrence (identical layers, identical micro-batches)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import networkx as nx
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
-from comet.graph.ir import OpKind
-from comet.replay import block_kernel, cache
+from comet.graph.block import block_lists, block_table
+from comet.graph.ir import GroupKind, OpKind
+from comet.graph.op_table import CODE, LEFT_OUT, ROW_WIDTH, TRANSFER, TableWriter
+from comet.replay import block_kernel, cache, compute_costs
 from comet.replay.compile import compile_graph
 from comet.replay.engine import Replay, replay, replay_graph
-from comet.replay.timing import op_time_s, timed_s
-
-_NETWORK_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)   # timed by comet/hardware/network.py
+from comet.replay.timing import timed_s
 
 # Exposed communication is charged to the first active category in this order.
 _COMM_ORDER = block_kernel.COMM_ORDER
@@ -115,51 +117,138 @@ def _time_block_shared(g: nx.DiGraph, cluster: ClusterSpec, precision: str) -> B
     sig = cache.block_signature(g)
     key = (sig, cache.timing_key(cluster), precision)
     dur = cache.durations.get(key)
+    table = array = None
     if dur is None:
-        dur = cache.Signature(_durations(sig, cluster, precision))
+        table = _table(g, sig)
+        every, array = _durations(table, sig, cluster, precision)
+        dur = cache.Signature(every)
         cache.durations.add(key, dur)
     key = (sig, dur, cluster.efficiency.overlap_slowdown)
     timing = cache.replays.get(key)
     if timing is None:   # shared between candidates: read-only from here on
-        timing = _replayed(g, sig, dur.value, key[2])
+        timing = _replayed(g, sig, dur.value, key[2], table, array)
         cache.replays.add(key, timing)
     return timing
 
 
-def _durations(sig, cluster: ClusterSpec, precision: str) -> tuple:
-    """Every op's duration in node order. Kernel and copy times read only the GPU side of the cluster:
-    clusters that differ in the network share them (None in that entry where an op is a transfer
-    timed by the network-keyed cache, replay/timing.py)."""
-    ops = sig.ops
+def _durations(table: "_OpTable", sig, cluster: ClusterSpec, precision: str) -> tuple:
+    """Every op's duration in node order, as a tuple and (where the compiled model ran) an array.
+    Kernel and copy times read only the GPU side of the cluster: clusters that differ in the network
+    share them (NaN in that entry where an op is a transfer timed by the network-keyed cache,
+    replay/timing.py)."""
     key = (sig, "on GPU", cache.compute_key(cluster), precision)
     local = cache.durations.get(key)
-    if local is not None:
-        return tuple([float(timed_s(op, cluster, precision)) if d is None else d for d, op in zip(local, ops)])
-    # perf: one pass computes both entries on a miss; timed_s written out (one call less an op)
-    local, every = [], []
-    for op in ops:
-        measured = op.duration_s
-        d = float(op_time_s(op, cluster, precision) if measured is None else measured)
-        every.append(d)
-        local.append(None if measured is None and op.kind in _NETWORK_KINDS else d)
-    cache.durations.add(key, tuple(local))
-    return tuple(every)
+    array = None
+    if local is None:
+        local, array = _on_gpu(table, sig.ops, cluster, precision)
+        cache.durations.add(key, local)
+    # perf: each distinct transfer of the block is timed once (a GPT layer's backward repeats its
+    # TP collectives), the others copy its seconds
+    every = list(local)
+    for op, where in table.transfers:
+        d = float(timed_s(op, cluster, precision))
+        for i in where:
+            every[i] = d
+            if array is not None:
+                array[i] = d
+    return tuple(every), array
 
 
-def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float) -> BlockTiming:
+def _on_gpu(table: "_OpTable", ops: list, cluster: ClusterSpec, precision: str) -> tuple:
+    """The durations of the ops the GPU side of the cluster times (NaN for the network's transfers),
+    and an array of them (the transfers' entries to be filled): the compute kernels in one compiled
+    call (replay/compute_costs.py, equal bit for bit to hardware/compute.py), the rest (measured,
+    copies, what the compiled model leaves out) by timed_s."""
+    if table.array is None:    # without numba
+        times, left, array = [math.nan] * len(ops), table.on_gpu, None
+    else:
+        out = compute_costs.kernel_times(table.array, _constants(cluster, precision))
+        times = out.tolist()
+        # perf: the rows the compiled model leaves out are known per block (none in a GPT layer); a
+        # row it could not time (a size out of int64's reach, a constant the Python model rejects)
+        # is rare: then every NaN that is not a transfer
+        left = table.left_out if not times.pop() else [i for i in table.on_gpu if times[i] != times[i]]
+        array = out[:len(ops)]
+    for i in left:
+        d = times[i] = float(timed_s(ops[i], cluster, precision))
+        if array is not None:
+            array[i] = d
+    return tuple(times), array
+
+
+class _OpTable:
+    """What the duration and packing passes read of a block, built once per block content: its table
+    (graph/op_table.py: as the builder wrote it, or derived from the ops) as an array, the ops the
+    compiled cost model leaves out, and the transfers: one op per distinct network cost-model call
+    with the node ids that share it. `with_edges`: built from a Block's lists, so the table holds the
+    edges the packing reads (a materialized graph of the same content has the same signature)."""
+    __slots__ = ("array", "transfers", "left_out", "on_gpu", "with_edges")
+
+    def __init__(self, g, ops: list):
+        writer = block_table(g)
+        if writer is None:
+            writer = TableWriter.of(ops)
+        lists = block_lists(g)
+        self.with_edges = lists is not None
+        edges = lists[1] if lists is not None else ()
+        self.array = writer.array(list(map(_SOURCE, edges)), list(map(_TARGET, edges))) if compute_costs.HAVE_NUMBA \
+            else None
+        codes = writer.rows[CODE::ROW_WIDTH]
+        self.left_out = [i for i, code in enumerate(codes) if code == LEFT_OUT]     # timed by timed_s
+        self.on_gpu = [i for i, code in enumerate(codes) if code != TRANSFER]     # all but the transfers
+        same: dict = {}
+        cp = GroupKind.CP
+        for i, code in enumerate(codes):
+            if code == TRANSFER:
+                op = ops[i]
+                # what timing.op_time_s reads of a transfer (its kind by identity, as op_time_s tests it)
+                key = (id(op.kind), op.collective, op.msg_bytes, op.group_size, op.group_stride, op.flat_ring,
+                       op.group_kind is cp)
+                same.setdefault(key, (op, []))[1].append(i)
+        self.transfers = tuple(same.values())
+
+
+_SOURCE, _TARGET = itemgetter(0), itemgetter(1)
+
+
+def _table(g, sig) -> _OpTable:
+    key = (sig, "table")
+    table = cache.compiled.get(key)
+    if table is None:
+        table = _OpTable(g, sig.ops)
+        cache.compiled.add(key, table)
+    return table
+
+
+def _constants(cluster: ClusterSpec, precision: str) -> np.ndarray:
+    """compute_costs.constants, once per (what the compute models read of the cluster, precision)."""
+    return cache.facts.get_or(("compute constants", cache.compute_key(cluster), precision),
+                              lambda: compute_costs.constants(cluster, precision))
+
+
+def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, table: "_OpTable | None" = None,
+              array: np.ndarray | None = None) -> BlockTiming:
     """The block's duration and exposure parts: the compiled engine (block_kernel.py) where numba is
-    installed, equal bit for bit to the Python engine and exposure_parts (tested), else those."""
+    installed, equal bit for bit to the Python engine and exposure_parts (tested), else those.
+    `table`: the block's _OpTable where the caller has it; `array`: `dur` as an array, where
+    _durations made one."""
     if not block_kernel.HAVE_NUMBA:
         rep = replay(cache.compiled.get_or(sig, lambda: compile_graph(g)), list(dur), overlap_slowdown=slowdown)
         return BlockTiming(rep.makespan, exposure_parts(rep))
     key = (sig, "packed")
     packed = cache.compiled.get(key)
     if packed is None:
-        packed = block_kernel.pack_graph(g)
+        # perf: a built block is packed from its table in one compiled pass (block_kernel.pack_rows)
+        if table is None:
+            table = _table(g, sig)
+        packed = block_kernel.pack_rows(table.array) if table.with_edges else None
+        if packed is None:
+            packed = block_kernel.pack_graph(g)
         cache.compiled.add(key, packed)
     structure, delay = packed
-    done, makespan, *parts = block_kernel.replay_summary(structure, delay, np.array(dur, dtype=np.float64),
-                                                         slowdown).tolist()
+    if array is None:
+        array = np.array(dur, dtype=np.float64)
+    done, makespan, *parts = block_kernel.replay_summary(structure, delay, array, slowdown).tolist()
     if done != len(dur):   # a deadlock: the Python engine names the ops that never ran
         replay(compile_graph(g), list(dur), overlap_slowdown=slowdown)
     return BlockTiming(makespan, dict(zip(block_kernel.PARTS, parts)))

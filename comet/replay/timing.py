@@ -40,18 +40,25 @@ def ring_exchange_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSp
                       msg_bytes, size, stride, cluster)
 
 
+# perf: enum members bound once (a member read through its class is ~0.09 us on Python 3.11)
+_COMPUTE, _COLLECTIVE, _MEMCPY, _ALL_REDUCE, _CP = (OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.MEMCPY,
+                                                    Collective.ALL_REDUCE, GroupKind.CP)
+_POINT_TO_POINT = (OpKind.SEND, OpKind.RECV)
+
+
 def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
-    if op.kind is OpKind.COMPUTE:
+    kind = op.kind
+    if kind is _COMPUTE:
         return compute_op_time_s(op, cluster, precision)
-    if op.kind is OpKind.COLLECTIVE:
-        return collective_s(op.collective or Collective.ALL_REDUCE, op.msg_bytes, op.group_size,
-                            op.group_stride, cluster, flat=op.flat_ring)
-    if op.kind in (OpKind.SEND, OpKind.RECV) and op.group_kind is GroupKind.CP:
+    if kind is _COLLECTIVE:
+        return collective_s(op.collective or _ALL_REDUCE, op.msg_bytes, op.group_size, op.group_stride, cluster,
+                            flat=op.flat_ring)
+    if kind in _POINT_TO_POINT and op.group_kind is _CP:
         # the CP ring exchange: every member sends at once; the slowest hop (a node crossing) sets it
         return ring_exchange_s(op.msg_bytes, op.group_size, op.group_stride, cluster)
-    if op.kind in (OpKind.SEND, OpKind.RECV):
+    if kind in _POINT_TO_POINT:
         return p2p_s(op.msg_bytes, op.group_stride, cluster)
-    if op.kind is OpKind.MEMCPY:
+    if kind is _MEMCPY:
         return offload_time_s(op.bytes, cluster)
     return op.duration_s or 0.0
 

@@ -18,6 +18,7 @@ import networkx as nx
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
 from comet.graph.block import Block, chain_edges
+from comet.graph.op_table import LEFT_OUT, TRANSFER, TableWriter
 from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
                             KernelClass, Op, OpKind, Phase)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
@@ -85,6 +86,12 @@ _last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dim
 
 # perf: the builder's ops without Op.__init__'s check of field names (literals here; tested)
 _op = Op.unchecked
+# perf: enum members bound once: on Python 3.11 a member read through its class costs ~0.09 us, and the
+# builder's methods read two to eight a op (group_geometry's chain of tests)
+_COMPUTE, _COLLECTIVE, _SEND, _MEMCPY = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND, OpKind.MEMCPY
+_GEMM, _MEMORY, _ATTENTION = KernelClass.GEMM, KernelClass.MEMORY, KernelClass.ATTENTION
+_TP, _CP, _DP, _PP, _EMBEDDING, _ETP, _EP, _EDP = (GroupKind.TP, GroupKind.CP, GroupKind.DP, GroupKind.PP,
+                                                    GroupKind.EMBEDDING, GroupKind.ETP, GroupKind.EP, GroupKind.EDP)
 
 
 class BlockBuilder:
@@ -94,14 +101,20 @@ class BlockBuilder:
         # perf: ops and data edges in lists; no networkx graph is built unless one is asked for (graph/block.py)
         self.ops: list[Op] = []
         self.deps: list[tuple[int, int]] = []
+        # perf: each op's row of the block's table (graph/op_table.py) written here, where its kind is
+        # known: the replay's compiled cost model and packing read it without a pass over the Op objects
+        self.table = TableWriter()
         self.phase = phase
         self.par = par
         self.model = model
         self.fp8 = par.precision is Precision.FP8
 
-    def _add(self, op: Op, after) -> int:
+    def _add(self, op: Op, after, written: bool = False) -> int:
+        """`written`: the op's table row is written already (else derived from the op)."""
         nid = len(self.ops)
         self.ops.append(op)
+        if not written:
+            self.table.op(op)
         for u in after:
             if u is not None:
                 self.deps.append((u, nid))
@@ -115,9 +128,10 @@ class BlockBuilder:
         fp8 = self.fp8 and batch == 1 and not name.startswith("logits")
         if fp8 and not cast_done:
             after = self._fp8_casts(name, m, n, k, after)
-        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(m, n, k, batch),
-                            flops=2.0 * m * n * k * batch, dtype_bytes=1 if fp8 else 2,
-                            phase=self.phase), after)
+        dtype = 1 if fp8 else 2
+        self.table.gemm(m, n, k, batch, dtype)
+        return self._add(_op(name, _COMPUTE, kernel=_GEMM, shape=(m, n, k, batch), flops=2.0 * m * n * k * batch,
+                             dtype_bytes=dtype, phase=self.phase), after, True)
 
     def _fp8_casts(self, name: str, m: int, n: int, k: int, after) -> list:
         """The kernels that quantize an FP8 GEMM's operands (m x k is the activation or output gradient,
@@ -160,56 +174,62 @@ class BlockBuilder:
         return self.fp8 and self.par.fp8_impl == "te" and not name.startswith("logits")
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
-        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.MEMORY, bytes=float(nbytes),
-                            phase=self.phase), after)
+        nbytes = float(nbytes)
+        self.table.memory(nbytes)
+        return self._add(_op(name, _COMPUTE, kernel=_MEMORY, bytes=nbytes, phase=self.phase), after, True)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
-        return self._add(_op(name, OpKind.COMPUTE, kernel=KernelClass.ATTENTION, flops=flops, shape=shape,
-                            variant="" if self.par.attention_kernel == "fused" else self.par.attention_kernel,
-                            phase=self.phase), after)
+        variant = "" if self.par.attention_kernel == "fused" else self.par.attention_kernel
+        self.table.attention(flops, self.phase, variant)
+        return self._add(_op(name, _COMPUTE, kernel=_ATTENTION, flops=flops, shape=shape,
+                            variant=variant, phase=self.phase), after, True)
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
         size, stride, stream = group_geometry(group, self.par)
+        self.table.placed(TRANSFER, stream, _COLLECTIVE, group)
         # perf: Enum._value_ is the member's value (.value is a Python-level property, ~0.3 us a read)
-        return self._add(_op(name, OpKind.COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
+        return self._add(_op(name, _COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
                             group=group._value_, group_kind=group, group_size=size, group_stride=stride,
-                            flat_ring=flat_ring, phase=self.phase), after)
+                            flat_ring=flat_ring, phase=self.phase), after, True)
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
         size, stride, stream = group_geometry(group, self.par)
-        return self._add(_op(name, OpKind.SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
-                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after)
+        self.table.placed(TRANSFER, stream, _SEND, group)
+        return self._add(_op(name, _SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
+                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after,
+                         True)
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
-        return self._add(_op(name, OpKind.MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
-                         after)
+        self.table.placed(LEFT_OUT, OFFLOAD_STREAM, _MEMCPY, None)
+        return self._add(_op(name, _MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
+                         after, True)
 
     def done(self) -> nx.DiGraph:
         """The block (a DiGraph, built on first use): ops in insertion order, data edges, and stream
         order between consecutive ops of a stream."""
-        return Block.of(self.ops, chain_edges(self.ops, self.deps))
+        return Block.of(self.ops, chain_edges(self.ops, self.deps), self.table)
 
 
 def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:
     """(size, global-rank stride, stream) of a process group; Megatron rank order is tp, cp, dp, pp."""
-    if group is GroupKind.TP:
+    if group is _TP:
         return par.tp, 1, TP_STREAM
-    if group is GroupKind.CP:
+    if group is _CP:
         return par.cp, par.tp, CP_STREAM
-    if group is GroupKind.DP:      # gradients are reduced over data x context parallel ranks
+    if group is _DP:    # gradients are reduced over data x context parallel ranks
         return par.dp * par.cp, par.tp, DP_STREAM
-    if group is GroupKind.PP:
+    if group is _PP:
         return par.pp, par.tp * par.cp * par.dp, DP_STREAM
-    if group is GroupKind.EMBEDDING:
+    if group is _EMBEDDING:
         return 2, (par.pp - 1) * par.tp * par.cp * par.dp, DP_STREAM
     # Expert layers re-partition a stage's tp*cp*dp ranks as etp (innermost), ep, expert-dp
     # (Megatron-Core parallel_state: expert rank order "tp-ep-dp-pp").
-    if group is GroupKind.ETP:
+    if group is _ETP:
         return par.expert_tp, 1, TP_STREAM
-    if group is GroupKind.EP:
+    if group is _EP:
         return par.ep, par.expert_tp, EP_STREAM
-    if group is GroupKind.EDP:
+    if group is _EDP:
         return par.expert_dp, par.expert_tp * par.ep, DP_STREAM
     raise ValueError(group)
 

@@ -1,7 +1,8 @@
 """The compiled block replay (comet/replay/block_kernel.py) equals the Python event engine and its
 exposure split bit for bit: on random graphs (ranks, streams, collectives matched across ranks, edge
 delays, edges against insertion order, ties, overlap slowdown, deadlocks) and on every block of every
-shipped model; and a built block packed from its lists equals the packing of its compiled graph."""
+shipped model; and a built block packed from its lists, or from its table, equals the packing of its
+compiled graph."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from hypothesis import strategies as st
 from comet.config.model import load_model
 from comet.config.parallel import ParallelConfig, Recompute
 from comet.errors import ConfigError, GraphError
-from comet.graph.block import block_lists
+from comet.graph.block import block_lists, block_table
 from comet.graph.ir import Collective, GroupKind, Op, OpKind, add_dep, add_op, new_graph
+from comet.graph.op_table import TableWriter
 from comet.replay import block_kernel, cache
-from comet.replay.block_kernel import PARTS, pack, pack_block, replay_arrays, replay_summary
+from comet.replay.block_kernel import PARTS, pack, pack_block, pack_rows, replay_arrays, replay_summary
 from comet.replay.blocks import exposure_parts, time_block
 from comet.replay.compile import compile_graph
 from comet.replay.engine import _critical_path, replay
@@ -101,8 +103,13 @@ def test_kernel_equals_python_engine_on_every_shipped_model(name, h100):
     for par in layouts:
         for key, g in build_blocks(model, par).items():
             cg = compile_graph(g)
-            packed = pack_block(*block_lists(g))
+            ops, edges = block_lists(g)
+            packed = pack_block(ops, edges)
             assert [a.tolist() for a in packed] == [a.tolist() for a in pack(cg)], key
+            # and from the block's table (graph/op_table.py), as the builder wrote it and as derived from the ops
+            for writer in (block_table(g), TableWriter.of(ops)):
+                table = writer.array([u for u, _, _ in edges], [v for _, v, _ in edges])
+                assert [a.tolist() for a in pack_rows(table)] == [a.tolist() for a in packed], key
             dur = [timed_s(op, h100, par.precision.value) for op in cg.ops]
             for slowdown in (0.0, h100.efficiency.overlap_slowdown, 0.5):
                 assert_same_replay(cg, dur, slowdown)
@@ -129,3 +136,8 @@ def test_a_deadlocked_block_raises_on_the_compiled_path(h100):
     cache.clear()
     with pytest.raises(GraphError, match="deadlocked"):
         time_block(g, h100, "bf16")
+
+
+def test_a_table_with_ops_matched_across_streams_is_packed_from_its_ops():
+    ops = [Op("a", OpKind.COLLECTIVE, stream="comm", comm_id="a"), Op("b", OpKind.COMPUTE)]
+    assert pack_rows(TableWriter.of(ops).array([0], [1])) is None
