@@ -189,8 +189,8 @@ def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.nd
     early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     # perf: the kernels' layout, (stage, phase, chunk) durations and (stage, chunk) releases, built once
-    # and read as bytes for the keys
-    dur = np.stack((f_dur, b_dur), axis=1).astype(float, copy=False).ravel()
+    # and read as bytes for the keys (one concatenate, not stack + astype: ~6 -> 2 us)
+    dur = np.concatenate((f_dur, b_dur), axis=1, dtype=float).ravel()
     release = np.ascontiguousarray(f_release, dtype=float).ravel()
     dur_bits, release_bits = dur.tobytes(), release.tobytes()
 
