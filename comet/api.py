@@ -11,6 +11,7 @@ Importing this module stays light: Ray, Optuna, matplotlib and pandas load only 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ if TYPE_CHECKING:   # pandas is imported by the functions that build frames
 
 DEFAULT_CLUSTER = "h100_dgx"
 PARALLEL_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
+_PARALLEL_FIELD_SET = frozenset(PARALLEL_FIELDS)
 # keys of an estimate request besides the ParallelConfig fields (also the keys of `estimate --config`)
 REQUEST_FIELDS = ("model", "cluster", "total_tokens")
 
@@ -35,13 +37,22 @@ REQUEST_FIELDS = ("model", "cluster", "total_tokens")
 def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelConfig:
     """A ParallelConfig from plain values (strings for enums, lists for offload), every value checked
     by the project's strict loader; `vpp > 1` implies the interleaved schedule unless one is given."""
-    params = {k: v for k, v in params.items() if v is not None}
-    if params.get("vpp", 1) > 1 and "schedule" not in params:
+    params = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
+    vpp = params.get("vpp", 1)
+    # a vpp that is not a number is the loader's to reject (it names the field), not a TypeError here
+    if isinstance(vpp, (int, float)) and vpp > 1 and "schedule" not in params:
         params["schedule"] = Schedule.INTERLEAVED.value
-    params = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items()}
     if isinstance(params.get("offload"), (str, bytes)):
         params["offload"] = [params["offload"]]
     return from_dict(ParallelConfig, params, source=source)
+
+
+@functools.cache
+def _engine() -> tuple:
+    """comet.evaluate's evaluate and resolve, imported on the first estimate (the engine loads numba);
+    perf: an import statement in the function cost ~1 us a call."""
+    from comet.evaluate import evaluate, resolve
+    return evaluate, resolve
 
 
 def _model(model: str | Path | ModelSpec) -> ModelSpec:
@@ -66,9 +77,8 @@ def estimate(model: str | Path | ModelSpec, cluster: str | Path | ClusterSpec = 
     returns a Result with status infeasible, its reason and, in `extra["remedies"]`, the nearest
     changes that make it fit.
     """
-    from comet.evaluate import evaluate, resolve
-
-    unknown = sorted(set(parallel) - set(PARALLEL_FIELDS))
+    evaluate, resolve = _engine()
+    unknown = sorted(parallel.keys() - _PARALLEL_FIELD_SET)
     if unknown:
         raise ConfigError(f"unknown argument (known: {', '.join(REQUEST_FIELDS + PARALLEL_FIELDS)})",
                           field=unknown[0])

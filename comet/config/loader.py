@@ -17,9 +17,10 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
-from comet.config.document import check_scalar, read_yaml
+from comet.config.document import MAX_MAGNITUDE, check_scalar, read_yaml
+from comet.config.frozen import plain_dataclass
 from comet.errors import ConfigError
 
 # perf: a dataclass's resolved annotations do not change; resolving them compiles every string annotation
@@ -147,6 +148,15 @@ def convert(tp: Any, value: Any, source: str, path: str) -> Any:
 
 def from_dict(cls: type[T], data: Any, *, source: str = "", path: str = "") -> T:
     """Build the frozen dataclass `cls` from a mapping, rejecting unknown and missing keys."""
+    if type(data) is dict:
+        built = _from_plain_values(cls, data, source, path)
+        if built is not _SLOW:
+            return built
+    return _from_dict_strict(cls, data, source, path)
+
+
+def _from_dict_strict(cls: type[T], data: Any, source: str, path: str) -> T:
+    """from_dict's reference path: every field through convert() and _check_bounds(), in field order."""
     if not isinstance(data, dict):
         what = "the file" if not path else path
         raise ConfigError(f"{what} must be a mapping of keys to values, got {type(data).__name__}",
@@ -167,12 +177,114 @@ def from_dict(cls: type[T], data: Any, *, source: str = "", path: str = "") -> T
         value = convert(hints[name], data[name], source, fpath)
         _check_bounds(value, f.metadata, source, fpath)
         kwargs[name] = value
+    return _construct(cls, kwargs, source, path)
+
+
+def _construct(cls: type[T], kwargs: dict, source: str, path: str) -> T:
     try:
         return cls(**kwargs)
     except ConfigError as exc:
         if exc.source is None:  # a cross-field rule raised in __post_init__: add where it came from
             raise ConfigError(str(exc), source=source, field=_join(path, exc.field) if exc.field else (path or None)) from None
         raise
+
+
+# ------------------------------------------------------------------------------ plain values, fast
+# perf (i18g-glue): comet.estimate() gives a ParallelConfig a few plain values (ints, bools, enum names);
+# the strict path above walks every field, converts each value through the annotation's generic rules
+# and runs the dataclass __init__ over ~45 fields (17 us). Where every value given is of its field's
+# exact type and within its rules, the converted value is the value itself (or the enum member, or a
+# tuple of them) and the object is its defaults updated with the values (~4 us). Anything else (a
+# wrong type, a broken bound, a missing or unknown key, a nested dataclass) goes the strict way, which
+# raises the error it always raised (tests/config/test_loader_fast.py compares both paths).
+_SLOW = object()    # what a fast converter returns for a value it leaves to the strict path
+
+
+def _from_plain_values(cls: type, data: dict, source: str, path: str) -> Any:
+    plan = _fast_plan(cls)
+    if plan is None:
+        return _SLOW
+    converters, required, defaults = plan
+    kwargs = {}
+    for name, value in data.items():
+        fast = converters.get(name)
+        if fast is None:
+            return _SLOW
+        value = fast(value)
+        if value is _SLOW:
+            return _SLOW
+        kwargs[name] = value
+    if not required <= kwargs.keys():
+        return _SLOW
+    if defaults is None:
+        return _construct(cls, kwargs, source, path)
+    obj = object.__new__(cls)
+    state = obj.__dict__
+    state.update(defaults)      # every field, in field order, as the generated __init__ stores them
+    state.update(kwargs)
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _fast_plan(cls: type) -> tuple | None:
+    """({field: fast converter}, required field names, defaults for a plain class or None), or None for a
+    class without fields the fast path can convert."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    hints = _type_hints(cls)
+    fields = _init_fields(cls)
+    converters = {name: conv for name, f in fields.items()
+                  if (conv := _fast_converter(hints[name], tuple(f.metadata.items()))) is not None}
+    if not converters:
+        return None
+    required = frozenset(name for name, f in fields.items()
+                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    plain = plain_dataclass(cls) and all(f.default_factory is dataclasses.MISSING for f in fields.values())
+    defaults = {name: f.default for name, f in fields.items()} if plain else None
+    return converters, required, defaults
+
+
+@functools.lru_cache(maxsize=None)
+def _fast_converter(tp: Any, meta: tuple) -> Callable[[Any], Any] | None:
+    """For annotation `tp` with bounds `meta`: a function giving convert()'s value for a value of the exact
+    type that passes convert()'s checks and the bounds, else _SLOW; None where there is no fast path."""
+    origin, args, _ = _shape(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        conv = _fast_converter(inner[0], meta) if len(inner) == 1 and len(args) == 2 else None
+        return None if conv is None else (lambda v: None if v is None else conv(v))
+    if origin in (tuple, list) and args and (len(args) == 1 or args[1] is Ellipsis):
+        conv = _fast_converter(args[0], meta)
+        if conv is None:
+            return None
+
+        def items(v):
+            if type(v) is not list and type(v) is not tuple:
+                return _SLOW
+            out = tuple(map(conv, v))
+            return _SLOW if _SLOW in out else out
+        return items
+    if isinstance(tp, type) and issubclass(tp, enum.Enum) and not issubclass(tp, (int, float)):
+        members = {m.value: m for m in tp if isinstance(m.value, str)}
+        return lambda v: members.get(v, _SLOW) if type(v) is str else (v if type(v) is tp else _SLOW)
+    if tp is bool:
+        return lambda v: v if type(v) is bool else _SLOW
+    if tp is str:
+        return lambda v: v if type(v) is str else _SLOW
+    rules = tuple((ok, bound) for key, ok, _ in _BOUNDS for k, bound in meta if k == key)
+    if tp is int:
+        return lambda v: v if type(v) is int and -MAX_MAGNITUDE <= v <= MAX_MAGNITUDE and _within(v, rules) else _SLOW
+    if tp is float:
+        return lambda v: (float(v) if (type(v) is float or type(v) is int)   # NaN and inf fail the range
+                          and -MAX_MAGNITUDE <= v <= MAX_MAGNITUDE and _within(float(v), rules) else _SLOW)
+    return None
+
+
+def _within(value: float, rules: tuple) -> bool:
+    for ok, bound in rules:
+        if not ok(value, bound):
+            return False
+    return True
 
 
 def load(cls: type[T], path: str | Path) -> T:

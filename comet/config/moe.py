@@ -72,34 +72,36 @@ def check_expert_parallel(par, model) -> None:
     """Megatron-Core's rules for ep / etp (parallel_state.initialize_model_parallel): the expert layers
     re-partition the same tp*cp*dp ranks of a pipeline stage as etp x ep x expert-dp, so
     etp*ep must divide tp*cp*dp; experts must split evenly over ep; each expert's FFN over etp."""
-    def rule(ok: bool, fld: str, msg: str) -> None:
-        if not ok:
-            raise ConfigError(msg, field=fld)
-
+    # perf: plain tests, a message formatted only when its rule fails (every resolve runs these)
     moe = model.moe
     if moe is None:
-        rule(par.ep == 1 and par.etp in (None, 1), "ep",
-             f"model {model.name} has no experts: ep and etp must be 1, got ep={par.ep}, etp={par.etp}")
+        if not (par.ep == 1 and par.etp in (None, 1)):
+            raise ConfigError(f"model {model.name} has no experts: ep and etp must be 1, got ep={par.ep}, "
+                              f"etp={par.etp}", field="ep")
         return
     etp = par.expert_tp
-    rule(etp >= 1, "etp", f"must be >= 1, got {etp}")
-    rule(moe.num_experts % par.ep == 0, "ep",
-         f"num_experts ({moe.num_experts}) must be divisible by ep ({par.ep})")
-    rule(moe.expert_ffn_hidden % etp == 0, "etp",
-         f"expert_ffn_hidden ({moe.expert_ffn_hidden}) must be divisible by etp ({etp})")
-    if moe.shared_ffn_hidden:
-        rule(moe.shared_ffn_hidden % par.tp == 0, "tp",
-             f"shared expert ffn ({moe.shared_ffn_hidden}) must be divisible by tp ({par.tp})")
-    rule(not (par.ep > 1 and par.tp > 1 and not par.sp), "sequence_parallel",
-         f"expert parallelism (ep={par.ep}) with tensor parallelism (tp={par.tp}) needs sequence parallelism "
-         "(Megatron-Core arguments.py)")
+    if not etp >= 1:
+        raise ConfigError(f"must be >= 1, got {etp}", field="etp")
+    if moe.num_experts % par.ep:
+        raise ConfigError(f"num_experts ({moe.num_experts}) must be divisible by ep ({par.ep})", field="ep")
+    if moe.expert_ffn_hidden % etp:
+        raise ConfigError(f"expert_ffn_hidden ({moe.expert_ffn_hidden}) must be divisible by etp ({etp})", field="etp")
+    if moe.shared_ffn_hidden and moe.shared_ffn_hidden % par.tp:
+        raise ConfigError(f"shared expert ffn ({moe.shared_ffn_hidden}) must be divisible by tp ({par.tp})", field="tp")
+    if par.ep > 1 and par.tp > 1 and not par.sp:
+        raise ConfigError(f"expert parallelism (ep={par.ep}) with tensor parallelism (tp={par.tp}) needs sequence "
+                          "parallelism (Megatron-Core arguments.py)", field="sequence_parallel")
     dense_ranks = par.tp * par.cp * par.dp
-    rule(dense_ranks % (etp * par.ep) == 0, "ep",
-         f"etp*ep = {etp}*{par.ep} = {etp * par.ep} must divide the ranks of a pipeline stage "
-         f"tp*cp*dp = {par.tp}*{par.cp}*{par.dp} = {dense_ranks} (Megatron-Core expert rank layout)")
-    rule(par.moe_capacity_factor is None or par.moe_capacity_factor > 0, "moe_capacity_factor",
-         f"must be > 0 (or unset for dropless), got {par.moe_capacity_factor}")
-    rule(par.moe_imbalance >= 1.0, "moe_imbalance",
-         f"is the busiest EP rank's routed tokens over the mean, must be >= 1, got {par.moe_imbalance}")
-    rule(par.moe_imbalance <= par.ep, "moe_imbalance",
-         f"is the busiest EP rank's routed tokens over the mean, at most ep ({par.ep}), got {par.moe_imbalance}")
+    if dense_ranks % (etp * par.ep):
+        raise ConfigError(f"etp*ep = {etp}*{par.ep} = {etp * par.ep} must divide the ranks of a pipeline stage "
+                          f"tp*cp*dp = {par.tp}*{par.cp}*{par.dp} = {dense_ranks} (Megatron-Core expert rank layout)",
+                          field="ep")
+    if not (par.moe_capacity_factor is None or par.moe_capacity_factor > 0):
+        raise ConfigError(f"must be > 0 (or unset for dropless), got {par.moe_capacity_factor}",
+                          field="moe_capacity_factor")
+    if not par.moe_imbalance >= 1.0:
+        raise ConfigError(f"is the busiest EP rank's routed tokens over the mean, must be >= 1, got {par.moe_imbalance}",
+                          field="moe_imbalance")
+    if not par.moe_imbalance <= par.ep:
+        raise ConfigError(f"is the busiest EP rank's routed tokens over the mean, at most ep ({par.ep}), "
+                          f"got {par.moe_imbalance}", field="moe_imbalance")

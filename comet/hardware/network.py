@@ -41,11 +41,13 @@ NCCL_ALGO does.
 Bus-bandwidth efficiency per dimension: eff(m) = bus_efficiency * m / (m + half_efficiency_bytes)
 (chunk pipelining fill-in and per-message cost; nccl-tests curves rise to a plateau). That ramp is a
 time per pipeline step (half_efficiency_bytes at the plateau rate), so a protocol's bandwidth factor
-(LL 1/4, LL128 120/128) slows the payload, not the fill (_Cost). The tree between domains runs at
-0.92 of its links (TREE_BUS_FACTOR, tuning.cc). Algorithms with a stage inside the node and one
-between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of PIPELINE_ROUND_BYTES: a
-buffer of a round or less pays both stages, a large one the slower stage. A tree also pays its
-depth: one chunk per stage up and down before its pipeline runs full (_depth_fill_s).
+(LL 1/4, LL128 120/128) slows the payload, not the fill (collective_plans.fastest). The tree between
+domains runs at 0.92 of its links (TREE_BUS_FACTOR, tuning.cc). Algorithms with a stage inside the
+node and one between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of
+PIPELINE_ROUND_BYTES: a buffer of a round or less pays both stages, a large one the slower stage. A
+tree also pays its depth: one chunk per stage up and down before its pipeline runs full
+(collective_plans._depth_fill). The arithmetic per size is in collective_plans.py, around constants
+computed once per group placement.
 
 Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks, at the
 port's rate or, where the communicator is given, at the rate of the NCCL channels it gets
@@ -58,11 +60,12 @@ from __future__ import annotations
 
 import math
 
-from comet.config.cluster import ClusterSpec, CollectiveAlgorithm, NetworkDim, Topology
+from comet.config.cluster import ClusterSpec, NetworkDim, Topology
 from comet.graph.ir import Collective
+from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS,  # noqa: F401
+                                             TREE_BUS_FACTOR, TREE_PROTOCOLS, fastest, protocol_constants)
+from comet.hardware.collective_plans import plan as collective_plan
 from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
-
-A = CollectiveAlgorithm
 
 
 def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[int]:
@@ -104,30 +107,23 @@ class _DimView:
         self.ports = ports         # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
         self.plateaus: dict[str, float] = {}   # traffic kind -> plateau rate (size-independent, see rates)
 
+    def plateau(self, kind: str) -> float:
+        """Bytes per second the group's `kind` traffic gets through this dimension per inner domain
+        at the plateau (large steps): it reads the placement and the kind of traffic, not the size."""
+        # perf (i17n-network): computed once per view (views are shared by every size of a group: _group)
+        plateau = self.plateaus.get(kind)
+        if plateau is None:
+            d = self.dim
+            plateau = self.plateaus[kind] = (self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind)
+                                             / d.oversubscription)
+        return plateau
+
     def rates(self, chunk_bytes: float, kind: str) -> tuple[float, float]:
         """(rate, plateau rate): bytes per second the group's traffic gets through this dimension, per
         inner domain, when each step moves `chunk_bytes` per rank (pipelining and per-message
         overheads: eff(chunk)), and the same without the per-step fill."""
-        d = self.dim
-        # perf (i17n-network): the plateau reads the placement and the kind of traffic, not the size:
-        # computed once per view (views are shared by every size of a group: _group), the same expression
-        plateau = self.plateaus.get(kind)
-        if plateau is None:
-            plateau = self.plateaus[kind] = (self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind)
-                                             / d.oversubscription)
-        return plateau * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes), plateau
-
-
-def _slowest(views: list[_DimView], chunk_bytes: float, kind: str) -> tuple[float, float]:
-    """(rate, plateau rate) of the slowest of `views`."""
-    rate, plateau = views[0].rates(chunk_bytes, kind)
-    for v in views[1:]:   # perf: one pass (min over each column, as min() of the lists picks)
-        r, p = v.rates(chunk_bytes, kind)
-        if r < rate:
-            rate = r
-        if p < plateau:
-            plateau = p
-    return rate, plateau
+        plateau = self.plateau(kind)
+        return plateau * chunk_bytes / (chunk_bytes + self.dim.half_efficiency_bytes), plateau
 
 
 def _topology_share(v: _DimView, kind: str) -> float:
@@ -163,15 +159,17 @@ def _views(size: int, stride: int, network: tuple[NetworkDim, ...], flat: bool =
 class _Group:
     """A group's placement on one network: what its collectives' times read that does not depend on
     the message size, computed once per (network, size, stride, flat) by _group: the spanned levels
-    (whose plateau rates fill in per traffic kind on first use), the member count and the ring's
-    hops per pass count. Read-only by convention once built."""
-    __slots__ = ("levels", "views", "n", "ring_hops")
+    (whose plateau rates fill in per traffic kind on first use), the member count, and per kind of
+    collective the algorithms' plans (collective_plans.plan, filled in on first use). Read-only by
+    convention once built."""
+    __slots__ = ("levels", "views", "n", "size", "plans")
 
-    def __init__(self, levels: tuple[NetworkDim, ...], views: list[_DimView]):
+    def __init__(self, levels: tuple[NetworkDim, ...], views: list[_DimView], size: int):
         self.levels = levels   # held: the table is keyed by its id
         self.views = views
         self.n = math.prod(v.n for v in views)
-        self.ring_hops: dict[int, tuple] = {}   # passes -> the ring's hops (_ring)
+        self.size = size
+        self.plans: dict = {}   # kind -> collective_plans.plan; ring passes -> its seconds(msg)
 
 
 # perf (i17n-network): (id(levels), size, stride, flat) -> _Group. A cold GPT-3 1T call times ten
@@ -190,7 +188,7 @@ def _group(size: int, stride: int, levels: tuple[NetworkDim, ...], flat: bool = 
     if group is None or group.levels is not levels:
         if len(_GROUPS) >= _GROUP_ENTRIES:
             _GROUPS.clear()
-        group = _GROUPS[key] = _Group(levels, _views(size, stride, levels, flat))
+        group = _GROUPS[key] = _Group(levels, _views(size, stride, levels, flat), size)
     return group
 
 
@@ -199,148 +197,14 @@ def clear_groups() -> None:
     _GROUPS.clear()
 
 
-# NCCL's protocols (src/graph/tuning.cc, NCCL 2.18-2.21): LL moves 8-byte flag+data words (1/4 of the
-# bus rate for all-reduce and multi-node), LL128 120 of every 128 bytes, Simple the full rate with
-# the longest per-hop handshake. Fixed launch latency per protocol (baseLat, us) and per-hop latency
-# as a fraction of Simple's (hwLat: NVLink ring LL 0.6 / LL128 1.9 / Simple 3.4 us; network
-# LL 2.7 / LL128 4.0 / Simple 14 us). The spec's latency_us is the Simple per-hop latency.
-PROTOCOLS = {  # name: (bandwidth factor, base latency s, hop latency ratio inner, hop latency ratio network)
-    "ll": (1 / 4, 6.6e-6, 0.6 / 3.4, 2.7 / 14),
-    "ll128": (120 / 128, 14e-6, 1.9 / 3.4, 4.0 / 14),
-    "simple": (1.0, 8.4e-6, 1.0, 1.0),
-}
-# The tree's hops (hwLat Tree): NVLink LL 0.6 / LL128 1.25 / Simple 4 us, network LL 5.0 / LL128 8.5 /
-# Simple 14 us, base LL 6.8 us: as fractions of the ring's Simple hop latency of the same dimension.
-TREE_PROTOCOLS = {
-    "ll": (1 / 4, 6.8e-6, 0.6 / 3.4, 5.0 / 14),
-    "ll128": (120 / 128, 14e-6, 1.25 / 3.4, 8.5 / 14),
-    "simple": (1.0, 8.4e-6, 4.0 / 3.4, 1.0),
-}
-# NCCL's tree bus bandwidth is 0.92 of the links' (tuning.cc "model refinements": busBw * .92 for
-# Tree): applied to the double binary tree between domains, of plain Tree and of NVLSTree alike.
-TREE_BUS_FACTOR = 0.92
-NVLS_BASE_LATENCY_S = 25e-6   # NVLS / NVLSTree run Simple only, baseLat 25 us (tuning.cc)
-
-
-class _Cost:
-    """One algorithm: bytes-over-rate time at the full (Simple) rate, and its per-hop latencies.
-    `plateau_s`: the same bytes at the plateau rate, without the per-step fill (bandwidth_s -
-    plateau_s). A protocol's bandwidth factor slows the payload only: the fill (the time per
-    pipeline step that eff(chunk) stands for) is a time, not a share of the link, so it is added as
-    it is (an LL step does not take four times as long to fill as a Simple one)."""
-    __slots__ = ("bandwidth_s", "hops", "nvls", "tree", "plateau_s")   # perf: see _DimView
-
-    def __init__(self, bandwidth_s: float, hops: tuple[tuple[float, bool], ...], nvls: bool = False,
-                 tree: bool = False, plateau_s: float | None = None):
-        self.bandwidth_s = bandwidth_s
-        self.hops = hops          # (hop latency s at Simple, is the innermost dimension)
-        self.nvls = nvls
-        self.tree = tree
-        self.plateau_s = plateau_s
-
-    def time(self) -> float:
-        # perf: plain loops instead of generator sums (the same additions, left to right)
-        hops = self.hops
-        if self.nvls:   # the NVLS part of the path is in the base latency; only network hops add
-            net = 0
-            for h, inner in hops:
-                if not inner:
-                    net += h
-            return NVLS_BASE_LATENCY_S + self.bandwidth_s + net
-        payload = self.bandwidth_s if self.plateau_s is None else self.plateau_s
-        fill = self.bandwidth_s - payload
-        best = math.inf
-        for factor, base, r_inner, r_net in (TREE_PROTOCOLS if self.tree else PROTOCOLS).values():
-            lat = 0
-            for h, inner in hops:
-                lat += h * (r_inner if inner else r_net)
-            t = base + lat + payload / factor + fill
-            if t < best:
-                best = t
-        return best
-
-
-def _ring(kind: Collective, msg: float, group: _Group) -> _Cost:
-    views, n = group.views, group.n
-    passes = 2 if kind is Collective.ALL_REDUCE else 1
-    rate, plateau = _slowest(views, msg / n, "ring")    # each ring step moves 1/n of the buffer
-    hops = group.ring_hops.get(passes)
-    if hops is None:
-        hops = group.ring_hops[passes] = _ring_hops(views, n, passes)
-    moved = passes * (n - 1) / n * msg
-    return _Cost(moved / rate, hops, plateau_s=moved / plateau)
-
-
-def _ring_hops(views: list[_DimView], n: int, passes: int) -> tuple:
-    """The ring's per-hop latencies. A ring visiting k sub-domains of a level crosses k boundaries per
-    pass; a crossing counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes
-    for all-reduce), the remaining of the n-1 steps per pass are inner hops."""
-    hops, outer_crossings, counted = [], 0, 0
-    for v in reversed(views[1:]):
-        k = n // v.inner
-        hops.append((passes * (k - outer_crossings) * v.dim.latency_s, False))
-        counted += k - outer_crossings
-        outer_crossings = k
-    hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, len(views) == 1 or True))
-    return tuple(hops)
-
-
-def _tree_between_domains(msg: float, outer: list[_DimView], nvls: bool) -> tuple[float, float, list]:
-    """(bandwidth time, the same at the plateau rate, hops) of a double-binary-tree all-reduce
-    between the domains of `outer`. With NVLS inside the domain each domain's NICs carry the buffer
-    once per direction between two domains, twice with more (a node is interior in one of the two
-    trees); NCCL's plain tree runs at half its bus rate whatever the node count (tuning.cc: tree
-    algorithm bandwidth = busBw / 2); the tree's links at TREE_BUS_FACTOR."""
-    domains = math.prod(v.n for v in outer)
-    per_direction = 1.0 if nvls and domains <= 2 else 2.0
-    rate, plateau = _slowest(outer, msg, "tree")
-    hops = [(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in outer]
-    moved = per_direction * msg / TREE_BUS_FACTOR
-    return moved / rate, moved / plateau, hops
-
-
-def _nvls_rate(dim: NetworkDim, msg_bytes: float) -> float:
-    """Algorithm bandwidth of NVLS all-reduce: the measured bus bandwidth at a full domain, converted
-    with nccl-tests' busbw = algbw * 2(n-1)/n (each GPU moves the buffer once per direction, so the rate
-    does not depend on how many members take part), reached by large buffers only."""
-    n = dim.size
-    ramp = msg_bytes / (msg_bytes + dim.nvls_half_efficiency_bytes)
-    return dim.nvls_bus_GBps * 1e9 * n / (2 * (n - 1)) * ramp
-
-
-# Two-stage algorithms (NVLS or the NVLink chain inside the node, a tree or SHARP between nodes) run
-# their stages as a pipeline that moves one round of data at a time; NCCL's device loop moves
-# channels x NVLS heads x chunk per round, of the order of 16 x 8 x 512 KiB = 64 MiB on a DGX H100
-# (chunk: NCCL_BUFFSIZE 4 MiB / NCCL_STEPS 8 slots). The first round fills the pipeline: the faster
-# stage's share of it adds to the slower stage's time, so a buffer of one round or less runs its
-# stages one after the other and a large one overlaps them (time = slower stage + faster stage x
-# round / buffer). nccl-tests on 2-4 nodes of 8 H100 (collectives.csv, nccl-tests#309) show this:
-# at 64 MB NVLSTree takes about the NVLS time plus the network time, from 1 GB the slower of the two.
-# Not fitted to the rows: 32, 64 and 128 MiB give 15.3, 15.1 and 15.1% MAPE on collectives.csv.
-PIPELINE_ROUND_BYTES = 64 * 2**20
-
-
-def _pipelined(stage_a: float, stage_b: float, msg_bytes: float) -> float:
-    """Time of two pipelined stages over a buffer of msg_bytes (see PIPELINE_ROUND_BYTES)."""
-    overlap_lost = min(1.0, PIPELINE_ROUND_BYTES / msg_bytes) if msg_bytes > 0 else 1.0
-    return max(stage_a, stage_b) + min(stage_a, stage_b) * overlap_lost
-
-
-def _depth_fill_s(msg_bytes: float, between: list[_DimView], chain: int, d0: NetworkDim) -> float:
-    """Pipeline fill of a tree: a buffer pipelined through a tree in chunks reaches the far end
-    after one chunk has crossed every stage on the way up and down (Sanders, Speck & Traeff 2009:
-    T = (chunks + depth - 1) x per-chunk time), so the depth adds one chunk per stage at one link's
-    rate: 2 log2(domains) network stages, and for the plain tree 2 (chain - 1) NVLink stages of the
-    chain inside the node. The chunk is the dimension's step (half_efficiency_bytes), or the whole
-    buffer when that is smaller."""
-    def stage_s(dim: NetworkDim) -> float:
-        return min(msg_bytes, dim.half_efficiency_bytes) / (dim.bandwidth * dim.bus_efficiency)
-    fill = sum(2 * math.ceil(math.log2(v.n)) * stage_s(v.dim) for v in between)
-    return fill + (2 * (chain - 1) * stage_s(d0) if chain > 1 else 0.0)
-
-
-def _allowed(dim: NetworkDim, algo: CollectiveAlgorithm) -> bool:
-    return dim.algorithm in (A.AUTO, algo)
+def _plan(kind: Collective, size: int, stride: int, cluster: ClusterSpec, flat: bool) -> tuple:
+    """The algorithms' plans of `kind` on this placement (collective_plans.plan), built once per group."""
+    levels = cluster.levels
+    group = _group(size, stride, levels, flat)
+    plan = group.plans.get(kind)
+    if plan is None:
+        plan = group.plans[kind] = collective_plan(group, kind, levels, flat)
+    return plan
 
 
 def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
@@ -353,75 +217,19 @@ def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
     ../shared/docs/physics-notes.md "DeepSpeed ZeRO-3 (2021)"); a hierarchical ring using all 8 NICs
     of a node would be 8x faster. Time = (n-1)/n * buffer / min(port rate) for all-gather and
     reduce-scatter, 2x for all-reduce (Thakur, Rabenseifner & Gropp 2005)."""
-    levels = cluster.levels
-    group = _group(size, stride, levels, flat)
-    views = group.views
-    if not views:
-        return {"none": 0.0}
-    if flat and kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
-        return {"flat_ring": _ring(kind, msg_bytes, group).time()}
-    if kind is Collective.BARRIER:
-        return {"barrier": sum(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s for v in views)}
-    if kind is Collective.ALL_TO_ALL:
-        t, plateau = 0.0, 0.0
-        for v in views:
-            # bytes each member sends to peers reached through this dimension (not inside its sub-domain)
-            outside = (v.inner * v.n - v.inner) / size
-            rate, plateau_rate = v.rates(msg_bytes / size, "direct")
-            t = max(t, outside * msg_bytes * v.inner / rate)
-            plateau = max(plateau, outside * msg_bytes * v.inner / plateau_rate)
-        hops = tuple(((v.n - 1) * v.dim.latency_s, v is views[0] and len(views) == 1) for v in views)
-        return {"direct": _Cost(t, hops, plateau_s=plateau).time()}
-    ring = _ring(kind, msg_bytes, group).time()
-    out = {}
-    top = views[-1].dim
-    if _allowed(top, A.RING) and _allowed(views[0].dim, A.RING):
-        out["ring"] = ring
-    if kind is not Collective.ALL_REDUCE:
-        return out or {"ring": ring}
-    # all-reduce: the part inside the scale-up domain (if the group has members there) and the part
-    # between domains, each with its own algorithms
-    d0 = levels[0]
-    domain = views[0] if views[0].dim is d0 else None
-    between = views[1:] if domain else views
-    in_domain = domain is not None and domain.n > 1
-    has_nvls = in_domain and bool(d0.nvls_bus_GBps) and d0.size > 1 and _allowed(d0, A.NVLS)
-    nvls_hops = ((2 * d0.latency_s, True),)
-    if not between:
-        if has_nvls:
-            out["nvls"] = _Cost(msg_bytes / _nvls_rate(d0, msg_bytes), nvls_hops, nvls=True).time()
-        return out or {"ring": ring}
-    chain = ((2 * (domain.n - 1) * d0.latency_s, True),) if in_domain else ()
-    intra, intra_plateau = (msg_bytes / r for r in domain.rates(msg_bytes, "ring")) if in_domain else (0.0, 0.0)
-    if all(v.dim.in_network_reduction for v in between) and _allowed(top, A.SHARP):
-        # the switches reduce: each domain sends and receives the buffer once, whatever the node count
-        net, net_plateau = (msg_bytes / r for r in _slowest(between, msg_bytes, "tree"))
-        hops = tuple((2 * v.dim.latency_s, False) for v in between)
-        if has_nvls:
-            out["sharp"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), net, msg_bytes), nvls_hops + hops,
-                                 nvls=True).time()
-        else:
-            out["sharp"] = _Cost(_pipelined(intra, net, msg_bytes), chain + hops,
-                                 plateau_s=_pipelined(intra_plateau, net_plateau, msg_bytes)).time()
-    if _allowed(top, A.TREE):
-        bw, bw_plateau, hops = _tree_between_domains(msg_bytes, between, nvls=False)
-        fill = _depth_fill_s(msg_bytes, between, domain.n if in_domain else 1, d0)
-        out["tree"] = _Cost(_pipelined(intra, bw, msg_bytes) + fill, chain + tuple(hops), tree=True,
-                            plateau_s=_pipelined(intra_plateau, bw_plateau, msg_bytes)).time()
-    if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
-        bw, _, hops = _tree_between_domains(msg_bytes, between, nvls=True)
-        fill = _depth_fill_s(msg_bytes, between, 1, d0)    # the NVLS stage's own fill is in its ramp
-        out["nvls_tree"] = _Cost(_pipelined(msg_bytes / _nvls_rate(d0, msg_bytes), bw, msg_bytes) + fill,
-                                 nvls_hops + tuple(hops), nvls=True).time()
-    return out or {"ring": ring}
+    return {name: seconds(msg_bytes) for name, seconds in _plan(kind, size, stride, cluster, flat)}
 
 
 def chosen_algorithm(kind: Collective, msg_bytes: float, size: int, stride: int,
                      cluster: ClusterSpec, flat: bool = False) -> tuple[str, float]:
-    """NCCL's choice: the fastest allowed algorithm by the model (tuning.cc picks by its model)."""
-    times = algorithm_times(kind, msg_bytes, size, stride, cluster, flat)
-    name = min(times, key=times.get)
-    return name, times[name]
+    """NCCL's choice: the fastest allowed algorithm by the model (tuning.cc picks by its model); the
+    first of the fastest, in algorithm_times' order."""
+    best_name, best = None, None
+    for name, seconds in _plan(kind, size, stride, cluster, flat):
+        t = seconds(msg_bytes)
+        if best is None or t < best:
+            best_name, best = name, t
+    return best_name, best
 
 
 def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec,
@@ -431,7 +239,13 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     reports `size`. `flat`: one ring over the whole group at one port per GPU (algorithm_times)."""
     if size <= 1 or msg_bytes <= 0:
         return 0.0
-    return chosen_algorithm(kind, msg_bytes, size, stride, cluster, flat)[1]
+    # perf (i18s-step): the plans' times compared as they come, no dict of them (chosen_algorithm)
+    best = None
+    for _, seconds in _plan(kind, size, stride, cluster, flat):
+        t = seconds(msg_bytes)
+        if best is None or t < best:
+            best = t
+    return best
 
 
 def _hop_time_s(msg_bytes: float, level: int, distance: int, levels: tuple[NetworkDim, ...],
@@ -446,7 +260,8 @@ def _hop_time_s(msg_bytes: float, level: int, distance: int, levels: tuple[Netwo
     rate, plateau = view.rates(msg_bytes, "p2p")
     if plateau > cap_Bps:
         rate, plateau = rate * cap_Bps / plateau, cap_Bps
-    return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
+    payload_s = msg_bytes / plateau
+    return fastest(protocol_constants(((dim.latency_s, level == 0),)), payload_s, msg_bytes / rate - payload_s)
 
 
 def _level_holding(a: int, b: int, levels: tuple[NetworkDim, ...]) -> int:

@@ -34,6 +34,9 @@ _GRAPH_ENTRIES = 1024              # a StepGraph shares its blocks: a few KB of 
 _BLOCK_SETS = 128                  # builder blocks of one configuration: ~100 KB
 
 
+_PENDING = object()     # the value of an LRU entry while it is computed
+
+
 class LRU:
     """A dict bounded to `size` entries, least recently used evicted first (in batches of a quarter
     of `size`: an eviction pass sorts the entries by their last use)."""
@@ -44,30 +47,49 @@ class LRU:
     # the least recently used quarter is dropped in one pass when the cache is full (~2 us amortized
     # per insert at 8,192 entries). Which entries are evicted never changes a value (a miss recomputes).
 
+    # perf (i18g-glue): a miss hashes its key once too: dict.setdefault finds the key or puts a spare
+    # entry in its place in one probe (get, then set, hashed it twice: ~0.5 us of a cold call's ~75
+    # misses each), and the entry is filled once computed. A hit is the same one probe. While computed,
+    # the entry holds _PENDING: a nested look-up of the same key computes its own value, and a compute
+    # that raises leaves no entry behind.
+
     def __init__(self, size: int):
         self.size = size
         self._d: dict = {}          # key -> [value, last use]
+        self._spare = [_PENDING, 0]
         self._clock = 0
         self.hits = self.misses = 0
 
     def get_or(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         if not enabled:
             return compute()
-        entry = self._d.get(key)
-        if entry is not None:
-            self.hits += 1
-            self._clock += 1
-            entry[1] = self._clock
-            return entry[0]
+        spare = self._spare
+        entry = self._d.setdefault(key, spare)
+        self._clock += 1
+        entry[1] = self._clock
+        if entry is not spare:
+            value = entry[0]
+            if value is not _PENDING:
+                self.hits += 1
+                return value
+            return compute()    # the same key looked up while its value is computed
+        self._spare = [_PENDING, 0]
         self.misses += 1
-        value = compute()
-        self._insert(key, value)
+        try:
+            value = compute()
+        except BaseException:
+            if self._d.get(key) is entry:
+                del self._d[key]
+            raise
+        entry[0] = value
+        if len(self._d) > self.size:
+            self._evict(len(self._d) - max(self.size - self.size // 4, 1))
         return value
 
     def get(self, key: Hashable) -> Any:
         """The value, or None when absent (or caching is disabled)."""
         entry = self._d.get(key) if enabled else None
-        if entry is None or entry[0] is None:
+        if entry is None or entry[0] is None or entry[0] is _PENDING:
             self.misses += 1
             return None
         self.hits += 1
@@ -101,7 +123,7 @@ class LRU:
         """(key, value) pairs, least recently used first (not counted as uses)."""
         if not enabled:
             return []
-        return [(k, e[0]) for k, e in sorted(self._d.items(), key=lambda kv: kv[1][1])]
+        return [(k, e[0]) for k, e in sorted(self._d.items(), key=lambda kv: kv[1][1]) if e[0] is not _PENDING]
 
     def __len__(self) -> int:
         return len(self._d)
@@ -360,8 +382,9 @@ def stage_config(par):
     """The parallel configuration without the global batch, which only the pipeline plan reads (its
     micro-batch count): configurations equal here build equal stage syncs (tests/replay/test_cache.py).
     A key, never a configuration to run."""
-    # perf: the field set without re-running __init__ (config/frozen.py)
-    return replace_fields(par, global_batch=1)
+    # perf: kept by the configuration once computed (ParallelConfig.batch_free: the same object, its hash
+    # computed once, for each cache keyed by it)
+    return par.batch_free()
 
 
 def object_key(obj) -> tuple:

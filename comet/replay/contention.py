@@ -28,10 +28,9 @@ import numpy as np
 from comet.config.cluster import ClusterSpec
 from comet.graph.block import block_ops
 from comet.graph.ir import OpKind, StepGraph
-from comet.hardware.network import group_span
 from comet.replay import cache
 from comet.replay.kernels import HAVE_NUMBA
-from comet.replay.tail_kernels import serial_shared_rows
+from comet.replay.tail_kernels import nic_rate, serial_shared_rows
 from comet.replay.schedule import task_kinds
 from comet.replay.timing import p2p_s
 
@@ -40,7 +39,19 @@ def crosses_nic(size: int, stride: int, cluster: ClusterSpec) -> bool:
     """A group of `size` ranks `stride` apart leaves the innermost (scale-up) domain."""
     if size <= 1 or len(cluster.network) < 2:
         return False
-    return group_span(size, stride, cluster.network)[0] < size
+    return _inner_members(size, stride, cluster.network[0].size) < size
+
+
+def _inner_members(size: int, stride: int, domain: int) -> int:
+    """network.group_span(size, stride, network)[0] for a network whose innermost domain holds `domain`
+    consecutive ranks (0: unbounded): the group's members inside one innermost domain.
+    perf (i18s-step): the first level's count alone, not the span over every level (tested equal)."""
+    if domain and stride >= domain:
+        return 1
+    fit = min(size, max(1, domain // stride)) if domain else size
+    while size % fit:
+        fit -= 1
+    return fit
 
 
 def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
@@ -48,23 +59,32 @@ def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
     return len(cluster.network) > 1 and inner > 0 and distance >= inner
 
 
-_COMM_KINDS = frozenset((OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV))    # Op.is_comm's kinds
+_COMPUTE, _COLLECTIVE, _SEND, _RECV = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV
 
 
-def _block_nic_s(g, cluster: ClusterSpec, timed, crosses=crosses_nic) -> float:
+def _block_nic_s(g, cluster: ClusterSpec, timed, crossing: dict | None = None) -> float:
     """Seconds one rank's NIC carries this block's communication (the busiest rank of the block).
-    `crosses(size, stride, cluster)`: crosses_nic, or a memo of it."""
+    `crossing`: a memo of crosses_nic by (size, stride) shared between blocks, or None."""
+    crossing = {} if crossing is None else crossing
     per_rank: dict[int, float] = {}
-    # perf: the kind read in one set test, not through Op.is_comm (a property call per op; a block is
-    # mostly compute ops): the seven cold-call blocks 40 -> 30 us
-    for op in block_ops(g):
-        if op.kind not in _COMM_KINDS:
+    # perf: the kind read directly, not through Op.is_comm (a property call per op): the seven cold-call
+    # blocks 40 -> 30 us. perf (i18s-step): the compute ops (most of a block) dropped by one identity
+    # test in a comprehension, the others told by identity, not looked up in a set (an Enum hashes in
+    # Python: a call per op); crosses_nic memoized inline: 26 -> ~12 us
+    for op in [op for op in block_ops(g) if op.kind is not _COMPUTE]:
+        kind = op.kind
+        if kind is not _COLLECTIVE and kind is not _SEND and kind is not _RECV:
             continue
+        group = (op.group_size, op.group_stride)
+        crosses = crossing.get(group)
+        if crosses is None:
+            # a block's collectives repeat a few (size, stride): placed once each
+            crosses = crossing[group] = crosses_nic(op.group_size, op.group_stride, cluster)
         if op.collective is not None:
             # a collective leaving the domain is paced by its NIC hop (pipelined ring / tree)
-            if crosses(op.group_size, op.group_stride, cluster):
+            if crosses:
                 per_rank[op.rank] = per_rank.get(op.rank, 0.0) + timed(op)
-        elif _p2p_crosses(op.group_stride, cluster) or crosses(op.group_size, op.group_stride, cluster):
+        elif _p2p_crosses(op.group_stride, cluster) or crosses:
             # a send to a peer in another domain, or a ring exchange (CP) whose ring spans domains: the
             # ranks at a domain's edge send through their NIC; the busiest rank is one of them
             nic_distance = max(op.group_stride, cluster.network[0].size)
@@ -73,11 +93,11 @@ def _block_nic_s(g, cluster: ClusterSpec, timed, crosses=crosses_nic) -> float:
 
 
 def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "",
-                groups: dict | None = None, kinds: tuple | None = None) -> np.ndarray | None:
+                groups=None, kinds: tuple | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
     the op's duration (replay.timing.timed_s on this cluster and precision); `b_dur[stage, chunk]`:
-    backward task durations; `groups`: stages sharing one StageSync (step._stage_groups), or None (each
+    backward task durations; `groups`: stages sharing one StageSync (tails.StageGroups), or None (each
     stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it."""
     plan = graph.plan
     kinds = kinds or task_kinds(plan)
@@ -96,6 +116,11 @@ def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed
 
 def _rate(nic: np.ndarray, b_dur: np.ndarray) -> np.ndarray | None:
     busy = b_dur.sum(axis=1)
+    if HAVE_NUMBA:
+        # perf (i18s-step): the share, its cap and the any() in one compiled pass (six numpy calls
+        # before), the same arithmetic (tests/replay/test_stage_work.py)
+        rate, shared = nic_rate(nic, busy)
+        return _read_only(rate) if shared else None
     u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
     # perf: min(min(u, 1), 1/2) is min(u, 1/2) for every u >= 0, inf and NaN included: one numpy
     # call fewer
@@ -109,15 +134,19 @@ def _read_only(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
 
+def _dp_crosses(st, cluster: ClusterSpec) -> bool:
+    """A stage's DP gradient buckets leave the innermost domain."""
+    return any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
+
+
 def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,
-                    groups: dict | None, task_kinds_: tuple | None) -> np.ndarray | None:
+                    groups, task_kinds_: tuple | None) -> np.ndarray | None:
     """Per stage whose DP stream crosses the NIC, the NIC seconds of all its backward tasks (one per
     chunk); None when no stage's does."""
-    mask = np.zeros(len(graph.stages), dtype=bool)
-    for stages in (groups.values() if groups is not None else ([s] for s in range(len(graph.stages)))):
-        st = graph.stages[stages[0]]
-        mask[stages] = any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
-    if not mask.any():
+    # perf (i18s-step): once per stage group; spread to the stages only where some group's DP stream
+    # stays inside the domain (np.where(True, x, 0.0) is x)
+    crossing = [_dp_crosses(st, cluster) for st in (graph.stages if groups is None else groups.syncs)]
+    if not any(crossing):
         return None
     plan = graph.plan
     kinds, _, b_kind = task_kinds_ or task_kinds(plan)
@@ -125,39 +154,37 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     # placement; clusters that differ in compute, memory or prices share them
     ckey = cache.network_key(cluster)
 
-    crossing: dict = {}
-
-    def crosses(size: int, stride: int, cluster: ClusterSpec) -> bool:
-        # perf: a block's collectives repeat a few (size, stride): group_span once each
-        hit = crossing.get((size, stride))
-        if hit is None:
-            hit = crossing[size, stride] = crosses_nic(size, stride, cluster)
-        return hit
-
-    def block_nic(key: str) -> float:
-        g = graph.blocks[key]
-        # a block's NIC load depends only on its content, the cluster and the precision
-        return cache.durations.get_or(("NIC seconds", cache.block_signature(g), ckey, precision),
-                                      lambda: _block_nic_s(g, cluster, timed, crosses))
-
     def per_kind() -> np.ndarray:
-        # perf: each distinct block looked up once (kinds repeat them), sums in Python floats (the same
-        # additions, in the same order, as numpy's element updates)
-        of_block = {key: block_nic(key) for key in dict.fromkeys(key for keys, _ in kinds for key in keys)}
-        kind_nic = []
-        for keys, stride in kinds:
+        # perf: each distinct block walked once (kinds repeat them), sums in Python floats (the same
+        # additions, in the same order, as numpy's element updates). perf (i18s-step): no entry per
+        # block (a block's walk costs about its look-up; the kinds' entry below is what a search hits),
+        # one crossing memo for all blocks, each send stride's seconds looked up once
+        # perf (i18s-step): only the kinds a backward task runs (the forward kinds' blocks are never read)
+        used = list(dict.fromkeys(b_kind.ravel().tolist()))
+        backward = [kinds[k] for k in used]
+        placed: dict = {}
+        of_block = {key: _block_nic_s(graph.blocks[key], cluster, timed, placed)
+                    for key in dict.fromkeys(key for keys, _ in backward for key in keys)}
+        send_s = {stride: p2p_s(plan.p2p_bytes, stride, cluster) if _p2p_crosses(stride, cluster) else None
+                  for stride in dict.fromkeys(stride for _, stride in backward) if stride is not None}
+        kind_nic = np.zeros(len(kinds))
+        for k, (keys, stride) in zip(used, backward):
             total = 0.0
             for key in keys:
                 total += of_block[key]
-            if stride is not None and _p2p_crosses(stride, cluster):
-                total += p2p_s(plan.p2p_bytes, stride, cluster)
-            kind_nic.append(total)
-        return np.array(kind_nic, dtype=float)
+            if stride is not None and send_s[stride] is not None:
+                total += send_s[stride]
+            kind_nic[k] = total
+        return _read_only(kind_nic)     # shared: read-only from here on
 
     # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
     kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,
                                    precision, plan.p2p_bytes), per_kind)
-    return np.where(mask, kind_nic[b_kind].sum(axis=1), 0.0)
+    nic = kind_nic[b_kind].sum(axis=1)
+    if all(crossing):
+        return nic
+    mask = np.array(crossing, dtype=bool)
+    return np.where(mask if groups is None else mask[groups.index], nic, 0.0)
 
 
 def serial_shared(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, window_end: np.ndarray,

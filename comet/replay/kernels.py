@@ -254,6 +254,18 @@ def replay_in_order(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_rele
     return history[0], last_b_start.reshape((pp, vpp)), bubble, gather_wait
 
 
+@njit(nogil=True)
+def first_forward_start(p: float, t: float, r: float) -> tuple[float, bool]:
+    """A micro-batch's first forward on a stage free at p, its input there at t, its parameters gathered
+    at r (0: none): its start, and whether it waited on the gather (it starts at r, its input there
+    earlier: gather wait, not bubble)."""
+    src_end = t
+    if r > t:
+        t = r
+    start = p if p > t else t
+    return start, r > 0.0 and start == r and src_end < start
+
+
 _NO_LAST = np.zeros((0, 0), dtype=np.int64)     # replay_window with a history of one row: nothing to carry
 
 
@@ -293,12 +305,8 @@ def replay_window(code: np.ndarray, pp: int, vpp: int, dur: np.ndarray, f_releas
         p = prev[s]
         t = end[x & 0xFFFFFFFF]
         if flag == FIRST_FORWARD:
-            src_end = t
-            r = f_release[chunk_of[kind]]
-            if r > t:
-                t = r
-            start = p if p > t else t
-            if r > 0.0 and start == r and src_end < start:
+            start, gathered = first_forward_start(p, t, f_release[chunk_of[kind]])
+            if gathered:
                 gather_wait[s] += start - p
             else:
                 bubble[s] += start - p

@@ -31,6 +31,10 @@ below m0 + 3q, GPipe (its warm-up grows with m: every forward), a period reading
 _MAX_DEPTH tasks, or no uniform increment before m (cyclicity > 1, or a transient as long as the
 schedule: the periods replayed are then the schedule itself). Tests: tests/replay/test_periodic.py (equal
 to the whole replay at 1e-12 on random shapes and durations).
+
+1F1B with one chunk (i18p-pipeline) needs no visit orders: its windows, and a short schedule whole (m >=
+pp - 1, no warm-up capped), are replayed straight from the schedule's rule (periodic_1f1b.py), bit for
+bit what the orders (or the sweep) give; tests/replay/test_periodic_1f1b.py.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from comet.replay import cache, pipeline
+from comet.replay.periodic_1f1b import periodic_1f1b, whole_1f1b
 from comet.replay.periodic_kernels import periodic_summary, periodic_transient, periodic_windows
 from comet.replay.pipeline import PipelineSummary
 from comet.replay.schedule import steady_warmup
@@ -91,16 +96,34 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release
     chunk], release[stage * vpp + chunk] (float64, contiguous), and their bytes."""
     q = _period(schedule, pp, vpp)
     m0 = _first_steady(schedule, pp, vpp, m % q)
-    by_phase = dur.reshape(pp, 2, vpp)
     if m0 is None or m < _swept(m0, q):
-        return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+        return _whole(schedule, pp, vpp, m, dur, release)
     shape = ("periodic", schedule, pp, vpp, m0)
+    if vpp == 1:       # 1F1B (interleaved with one chunk is 1F1B): its windows are closed-form
+        return _summarize_by_rule(shape, pp, m, m0, dur, release, dur_bits, release_bits)
+    return _summarize_by_windows(shape, schedule, pp, vpp, m, m0, dur, release, dur_bits, release_bits)
+
+
+def _whole(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release: np.ndarray) -> PipelineSummary:
+    """Every task of the schedule (pipeline.summarize's sweep, or its figures bit for bit)."""
+    if schedule != "gpipe" and vpp == 1 and m >= pp - 1:
+        # perf: 1F1B with no warm-up capped by rule, no sweep (pp 64, m 64: 89 us on a first call, 28 us
+        # over the recorded order, 15 us by rule; periodic_1f1b.whole_1f1b)
+        return PipelineSummary(*whole_1f1b(pp, m, dur, release))
+    by_phase = dur.reshape(pp, 2, vpp)
+    return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+
+
+def _summarize_by_windows(shape: tuple, schedule: str, pp: int, vpp: int, m: int, m0: int, dur: np.ndarray,
+                          release: np.ndarray, dur_bits: bytes, release_bits: bytes) -> PipelineSummary:
+    """summarize from the shape's visit orders (periodic_windows, built once per shape and cached)."""
+    q = _period(schedule, pp, vpp)
     windows = cache.orders.get(shape)
     if windows is None:
         windows = _windows(schedule, pp, vpp, m0) or ()
         cache.orders.put(shape, windows)
     if not windows:
-        return pipeline.summarize(schedule, pp, vpp, m, by_phase[:, 0], by_phase[:, 1], release.reshape(pp, vpp))
+        return _whole(schedule, pp, vpp, m, dur, release)
     warm, warm_last, period, period_last, tail = windows
     periods = (m - q - m0) // q                       # periods from the warm window to the tail
     end = pipeline._scratch(max(len(warm), len(period), len(tail)) + 1 + len(warm_last) * pp)
@@ -116,3 +139,25 @@ def summarize(schedule: str, pp: int, vpp: int, m: int, dur: np.ndarray, release
     state, lam, replayed, _ = known
     # 0 periods to jump where no uniform increment was found: the periods replayed are the schedule's
     return PipelineSummary(*periodic_summary(tail, pp, vpp, dur, release, end, state, lam, periods - replayed))
+
+
+_NO_STATE = np.zeros((0, 0))
+
+
+def _summarize_by_rule(shape: tuple, pp: int, m: int, m0: int, dur: np.ndarray, release: np.ndarray, dur_bits: bytes,
+                       release_bits: bytes) -> PipelineSummary:
+    """summarize for 1F1B with one chunk: the same transient, jump and tail with the windows replayed
+    straight from the schedule's rule in one compiled call (periodic_1f1b.py; bit for bit the codes'
+    replay). perf: no visit orders to build (GPT-3 1T, pp 64, m 192, a first call: 118 -> 23 us)."""
+    periods = m - 1 - m0                              # periods from the warm window to the tail
+    key = (shape, dur_bits, release_bits)
+    known = cache.transients.get(key)
+    if known is not None and known[2] > periods:
+        known = None
+    state, lam, replayed, uniform, *summary = periodic_1f1b(
+        pp, m, m0, dur, release, periods, _TOL_ULPS, _MAX_SPAN,
+        *((known[0], known[1], known[2]) if known is not None else (_NO_STATE, 0.0, 0)))
+    if known is None and uniform:
+        state.flags.writeable = False
+        cache.transients.put(key, (state, lam, replayed, uniform))
+    return PipelineSummary(*summary)

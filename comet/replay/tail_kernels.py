@@ -1,4 +1,4 @@
-"""Compiled kernels of the stage tails (comet/replay/step.py, contention.py): a stage's data-parallel stream
+"""Compiled kernels of the stage tails (comet/replay/tails.py, contention.py): a stage's data-parallel stream
 of gradient buckets on a NIC port it shares with the backward's inter-node traffic (contention.serial_shared's
 arithmetic, bit for bit), and every stage's tail (DP stream, tied-embedding sync, optimizer) in one pass."""
 
@@ -42,18 +42,41 @@ def serial_shared_rows(ready: np.ndarray, dur: np.ndarray, t0: np.ndarray, windo
 
 
 @njit(cache=True, nogil=True)
+def nic_rate(nic: np.ndarray, busy: np.ndarray):
+    """Per stage the DP stream's share of the port, 1 - min(u, 1/2) with u = nic / busy (0 where
+    busy <= 0), and whether any stage's share is below 1 (contention._rate's numpy arithmetic: NaN
+    stays NaN as np.minimum keeps it)."""
+    rate = np.empty(nic.shape[0])
+    shared = False
+    for s in range(nic.shape[0]):
+        u = nic[s] / busy[s] if busy[s] > 0 else 0.0
+        rate[s] = 1.0 - (0.5 if u >= 0.5 else u)
+        if rate[s] < 1.0:
+            shared = True
+    return rate, shared
+
+
+@njit(inline="always")
+def _ready_offset(k: int, count: int, head: float, per_layer: float, all_compute: float, n: int,
+                  progressive: bool) -> float:
+    """Bucket k's tails.bucket_ready_offsets (the same arithmetic): the first ceil((k+1) n / count)
+    layers' backward after the head, the last bucket (or every bucket, where not progressive) at the
+    chunk's whole backward."""
+    if progressive and n > 0 and k < count - 1:
+        return head + np.ceil(((k + 1) * n) / count) * per_layer
+    return all_compute
+
+
+@njit(cache=True, nogil=True)
 def shared_bucket_stream(start: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray, head: float,
                          per_layer: float, all_compute: float, n: int, count: int, progressive: bool, dur: float):
     """The DP stream of stages (rows) whose gradient buckets are one chunk's `count` equal buckets of
-    `dur` seconds: bucket k is ready at start[r] + step.bucket_ready_offsets (the same arithmetic), the
+    `dur` seconds: bucket k is ready at start[r] + tails.bucket_ready_offsets (the same arithmetic), the
     stream shares the port as serial_shared_rows. Returns (ends (rows, count), True), or (empty,
     False) when the offsets are not in bucket order (the caller sorts them)."""
     offsets = np.empty(count)
     for k in range(count):
-        if progressive and n > 0 and k < count - 1:
-            offsets[k] = head + np.ceil(((k + 1) * n) / count) * per_layer
-        else:
-            offsets[k] = all_compute
+        offsets[k] = _ready_offset(k, count, head, per_layer, all_compute, n, progressive)
     for k in range(1, count):
         if offsets[k] < offsets[k - 1]:
             return np.empty((0, count)), False
@@ -74,7 +97,7 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
                              durs: np.ndarray, t0: np.ndarray, window_end: np.ndarray, rate: np.ndarray) -> np.ndarray:
     """The end of each row's DP stream when its buckets span chunks: bucket k is ready at
     last_b_start[rows[r], chunk_of[k]] + offsets[k], the buckets run in stable order of readiness (a
-    merge sort: numpy's stable argsort) and share the port as serial_shared_rows (step._tails' generic
+    merge sort: numpy's stable argsort) and share the port as serial_shared_rows (tails._tails' generic
     path, the same arithmetic; tests/replay/test_contention.py)."""
     n, cols = rows.shape[0], offsets.shape[0]
     out = np.empty(n)
@@ -93,31 +116,45 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
 
 @njit(cache=True, nogil=True)
 def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: np.ndarray, rate: np.ndarray,
-                group_of: np.ndarray, offsets: np.ndarray, group_i: np.ndarray, g_dur: np.ndarray,
+                group_of: np.ndarray, terms: np.ndarray, group_i: np.ndarray, g_dur: np.ndarray,
                 emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
     """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
-    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; offsets[g, :count] =
-    step.bucket_ready_offsets of the group's chunk, group_i[g] = (chunk, count), g_dur[g] a bucket's
-    seconds): the DP stream on the shared port (_port_end's arithmetic), the tied-embedding all-reduce
-    of stages `emb` (it starts when both ends are ready), the optimizer (step._tails' arithmetic, in the
-    same order). Returns (optimizer_start, optimizer_end, partner_wait, offload) per stage."""
+    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; terms[g] = (head,
+    per_layer, all_compute) of tails._bucket_ready_terms and group_i[g] = (chunk, count, layers,
+    progressive) give the offsets of tails.bucket_ready_offsets; g_dur[g] a bucket's seconds): the DP
+    stream on the shared port (_port_end's arithmetic), the tied-embedding all-reduce of stages `emb`
+    (it starts when both ends are ready), the optimizer (tails._tails' arithmetic, in the same order).
+    Returns (in bucket order, optimizer_start, optimizer_end, partner_wait, offload) per stage; where a
+    group's buckets are not ready in bucket order, (False, ...) and the caller takes the generic path."""
     pp = compute_end.shape[0]
+    groups = group_i.shape[0]
+    buckets = 0
+    for g in range(groups):
+        if group_i[g, 1] > buckets:
+            buckets = group_i[g, 1]
+    # perf (i18s-step): the offsets from each group's readiness terms here, not a table built in numpy
+    # per graph (tails._fused_statics: ~30 small numpy calls, ~45 us of a cold call)
+    offsets = np.zeros((groups, buckets))
+    for g in range(groups):
+        count = group_i[g, 1]
+        for k in range(count):
+            offsets[g, k] = _ready_offset(k, count, terms[g, 0], terms[g, 1], terms[g, 2], group_i[g, 2],
+                                          group_i[g, 3] != 0)
+            if k > 0 and offsets[g, k] < offsets[g, k - 1]:
+                return False, compute_end, compute_end, compute_end, compute_end
     dp_end = gather_end.copy()
     # perf (i16g-glue): the stream of one stage is a chain of dependent float operations (latency-bound,
     # ~5 ns a bucket); walking the buckets in the outer loop and the stages in the inner one runs the
     # stages' independent chains side by side. Each stage's own operations and their order are those of
     # _port_end; the bucket's seconds at the contended rate (need / rate, the same float) are divided
-    # once per stage and the offsets read from a table.
+    # once per stage.
     start = np.empty(pp)
     need_at_rate = np.empty(pp)
-    buckets = 0
     for s in range(pp):
         g = group_of[s]
         if g >= 0:
             start[s] = last_b_start[s, group_i[g, 0]]
             need_at_rate[s] = g_dur[g] / rate[s]
-            if group_i[g, 1] > buckets:
-                buckets = group_i[g, 1]
     for k in range(buckets):
         for s in range(pp):
             g = group_of[s]
@@ -153,4 +190,4 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
         offload[s] = extra if extra > 0.0 else 0.0
         optimizer_start[s] = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
         optimizer_end[s] = optimizer_start[s] + adam[s] + offload[s]
-    return optimizer_start, optimizer_end, partner_wait, offload
+    return True, optimizer_start, optimizer_end, partner_wait, offload

@@ -54,16 +54,13 @@ def logits_forward_flops_per_token(model: ModelSpec) -> float:
     return 2 * model.hidden * model.padded_vocab()   # Megatron counts args.padded_vocab_size
 
 
-def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
-    """Megatron accounting: 3 passes, no recompute."""
-    tokens = global_batch * model.seq_len
-    per_token = body_forward_flops_per_token(model) + logits_forward_flops_per_token(model)
-    return 3 * tokens * per_token
+def model_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the layers and the logits (a step runs 3 passes of them)."""
+    return body_forward_flops_per_token(model) + logits_forward_flops_per_token(model)
 
 
-def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
-    """FLOPs actually executed: model FLOPs plus the recomputed forward passes."""
-    tokens = par.global_batch * model.seq_len
+def recompute_flops_per_token(model: ModelSpec, par: ParallelConfig) -> float:
+    """Forward FLOPs per token run again by recomputation (none of them read the global batch)."""
     extra = 0.0
     h, q, kv = model.hidden, model.q_hidden, model.kv_hidden
     if par.recompute is Recompute.FULL:
@@ -74,5 +71,23 @@ def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
         extra = body_forward_flops_per_token(model) - model.layers * 2 * h * (q + 2 * kv)   # all but QKV
     elif par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         extra = model.layers * 4 * model.seq_len * model.q_hidden   # the attention core is recomputed
-    extra += recompute_modules.extra_forward_flops_per_token(model, par)   # Megatron-Core recompute modules
-    return model_flops_per_step(model, par.global_batch) + tokens * extra
+    return extra + recompute_modules.extra_forward_flops_per_token(model, par)   # Megatron-Core recompute modules
+
+
+def step_flops(global_batch: int, seq_len: int, per_token: float, recomputed_per_token: float) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of a step from the per-token FLOPs: a step's FLOPs are linear in
+    its tokens, so a search computes the per-token terms once per configuration (comet/evaluate.py)."""
+    tokens = global_batch * seq_len
+    model_flops = 3 * tokens * per_token
+    return model_flops, model_flops + tokens * recomputed_per_token
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
+    """Megatron accounting: 3 passes, no recompute."""
+    return step_flops(global_batch, model.seq_len, model_flops_per_token(model), 0.0)[0]
+
+
+def hardware_flops_per_step(model: ModelSpec, par: ParallelConfig) -> float:
+    """FLOPs actually executed: model FLOPs plus the recomputed forward passes."""
+    return step_flops(par.global_batch, model.seq_len, model_flops_per_token(model),
+                      recompute_flops_per_token(model, par))[1]

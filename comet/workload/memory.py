@@ -211,6 +211,20 @@ def in_flight_microbatches(par: ParallelConfig, stage: int) -> float:
     return float(min(par.pp - stage, m))
 
 
+def memory_microbatches(par: ParallelConfig) -> int:
+    """The micro-batch count as the estimate reads it (in_flight_microbatches, GPipe's held logits): the
+    estimate is the same for every global batch of a configuration that gives this count. 1F1B holds
+    min(pp - stage, m) micro-batches, so any m >= pp reads as pp; interleaved min(chunks, m * vpp) with
+    at most stage 0's chunks; GPipe holds all m."""
+    m = par.num_microbatches
+    if par.schedule is Schedule.GPIPE:
+        return m
+    if par.schedule is Schedule.INTERLEAVED and par.vpp > 1:
+        most = 2 * (par.pp - 1) + (par.vpp - 1) * par.pp + 1     # stage 0's warm-up chunks
+        return min(m, -(-most // par.vpp))
+    return min(m, par.pp)
+
+
 def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
     """Embedding and output-layer activations of the stage ([K] Sec 4.3). The first stage keeps the
     input dropout mask (sbh, /t with SP) for each in-flight micro-batch; the last keeps the final

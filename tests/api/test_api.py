@@ -65,6 +65,8 @@ def test_estimate_bad_argument_raises_config_error():
         comet.estimate("gpt3_175b", gpus=64, tensor_parallel=8, global_batch=64)
     with pytest.raises(comet.ConfigError, match="recompute: must be one of"):
         comet.estimate("gpt3_175b", gpus=64, tp=8, recompute="most", global_batch=64)
+    with pytest.raises(comet.ConfigError, match="vpp: must be an integer, got '2'"):
+        comet.estimate("gpt3_175b", gpus=64, tp=8, pp=8, vpp="2", global_batch=64)
 
 
 def test_search_from_dict_returns_frames(tmp_path, repo_root):

@@ -74,3 +74,15 @@ def test_parallel_config_label_kept_and_not_carried():
     assert par.label() == par.label() == "tp2-pp2-dp4-mb1-none-z1-bf16"
     other = replace_fields(par, dp=8)
     assert other.label() == "tp2-pp2-dp8-mb1-none-z1-bf16" == dataclasses.replace(par, dp=8).label()
+
+
+def test_values_kept_beside_the_fields_are_dropped_wherever_they_sit():
+    par = ParallelConfig(global_batch=64, tp=2, pp=2, gpus=16)
+    hash(par), par.label()
+    state = par.__dict__
+    kept = {"_early": 1, **state}       # a kept value stored before the fields as well
+    state.clear()
+    state.update(kept)
+    new = replace_fields(par, tp=4)
+    assert list(vars(new)) == [f.name for f in dataclasses.fields(ParallelConfig)]
+    assert new == dataclasses.replace(ParallelConfig(global_batch=64, tp=2, pp=2, gpus=16), tp=4)

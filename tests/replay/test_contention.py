@@ -3,6 +3,7 @@ scale-out NIC with its backward's own inter-node traffic (here a CP ring that sp
 are in flight; traffic that stays inside the NVLink domain leaves the step unchanged."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from comet.config.parallel import OffloadTarget, ParallelConfig, Schedule
 from comet.evaluate import resolve
 from comet.replay import contention, tail_kernels
 from comet.replay import step as step_mod
-from comet.replay.step import bucket_ready_offsets, replay_step
+from comet.replay import tails as tails_mod
+from comet.replay.step import replay_step
+from comet.replay.tails import bucket_ready_offsets
 from comet.replay.timing import timed_s
 from comet.workload.builder import build_step_graph
 
@@ -111,11 +114,11 @@ def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str)
     par = {"global_batch": 8, "zero": 0, "overlap_grad_reduce": True, **par}
     graph = build_step_graph(MID, resolve(MID, two_tier, ParallelConfig(**par)))
     calls = []
-    kernel = getattr(step_mod, kernel_name)
-    monkeypatch.setattr(step_mod, kernel_name, lambda *a: calls.append(1) or kernel(*a))
+    kernel = getattr(tails_mod, kernel_name)
+    monkeypatch.setattr(tails_mod, kernel_name, lambda *a: calls.append(1) or kernel(*a))
     compiled = replay_step(graph, two_tier, "bf16")
     assert calls, f"the compiled path ({kernel_name}) did not run"
-    monkeypatch.setattr(step_mod, "HAVE_NUMBA", False)
+    monkeypatch.setattr(tails_mod, "HAVE_NUMBA", False)
     generic = replay_step(graph, two_tier, "bf16")
     assert compiled.step_time_s == generic.step_time_s and compiled.breakdown == generic.breakdown
     np.testing.assert_array_equal(compiled.tails.end, generic.tails.end)
@@ -125,7 +128,7 @@ def _compiled_equals_generic(two_tier, monkeypatch, par: dict, kernel_name: str)
 def test_fused_bucket_stream_equals_the_generic_path(two_tier, monkeypatch, par):
     # one chunk's buckets on a shared port run in one compiled pass (tail_kernels.shared_bucket_stream), where
     # the tails are not fused (a stage group's buckets span several sets: tail_kernels.stage_tails does not apply)
-    monkeypatch.setattr(step_mod, "_fused_statics", lambda *a: None)
+    monkeypatch.setattr(tails_mod, "_fused_statics", lambda *a: None)
     _compiled_equals_generic(two_tier, monkeypatch, par, "shared_bucket_stream")
 
 
@@ -149,33 +152,44 @@ def test_compiled_sorted_bucket_stream_equals_the_generic_path(two_tier, monkeyp
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
-    # tail_kernels.stage_tails walks the buckets outer and the stages inner (independent chains side by side)
-    # and divides a bucket's seconds by the rate once per stage: each stage's stream must still be
-    # contention.serial_shared's numpy loop bit for bit, then the tied-embedding sync and the optimizer
-    # as step._tails computes them
+    # tail_kernels.stage_tails walks the buckets outer and the stages inner (independent chains side by side),
+    # computes each group's ready offsets from its readiness terms and divides a bucket's seconds by the
+    # rate once per stage: each stage's stream must still be contention.serial_shared's numpy loop over
+    # tails._ready_offsets bit for bit, then the tied-embedding sync and the optimizer as tails._tails
+    # computes them; a group whose offsets are out of bucket order sends the caller to the generic path
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     pp, vpp, n_groups = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
     group_of = rng.integers(-1, n_groups, pp)
     counts = rng.integers(1, 13, n_groups)
-    offsets = np.zeros((n_groups, counts.max()))
-    for g, c in enumerate(counts):
-        offsets[g, :c] = np.sort(rng.uniform(0, 2, c)) if rng.random() < 0.7 else rng.uniform(0, 2)
-    group_i = np.stack([rng.integers(0, vpp, n_groups), counts], axis=1).astype(np.int64)
+    layers = rng.integers(0, 9, n_groups)
+    progressive = rng.random(n_groups) < 0.7
+    head, per_layer = rng.uniform(0, 0.5, n_groups), rng.uniform(0, 0.3, n_groups)
+    all_compute = head + layers * per_layer + np.where(rng.random(n_groups) < 0.3, rng.uniform(0, 0.2, n_groups), 0.0)
+    if data.draw(st.booleans()):   # sometimes a whole backward shorter than its layers: out of bucket order
+        all_compute = all_compute * rng.uniform(0, 1, n_groups)
+    terms = np.stack([head, per_layer, all_compute], axis=1)
+    group_i = np.stack([rng.integers(0, vpp, n_groups), counts, layers, progressive], axis=1).astype(np.int64)
+    offsets = [tails_mod._ready_offsets((head[g], per_layer[g], all_compute[g], int(layers[g])),
+                                       SimpleNamespace(count=int(counts[g]), progressive=bool(progressive[g])))
+               for g in range(n_groups)]
     g_dur = rng.uniform(0.01, 0.5, n_groups)
     last_b_start, compute_end = rng.uniform(0, 3, (pp, vpp)), rng.uniform(1, 6, pp)
     gather_end = np.where(rng.random(pp) < 0.5, 0.0, rng.uniform(0, 2, pp))
     rate = np.where(rng.random(pp) < 0.3, 1.0, rng.uniform(0.5, 1, pp))
     emb = np.sort(rng.choice(pp, size=min(pp, data.draw(st.integers(0, 2))), replace=False)).astype(np.int64)
     emb_dur, adam, link = rng.uniform(0, 0.2, len(emb)), rng.uniform(0, 1, pp), rng.uniform(0, 1.5, pp)
-    got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, offsets, group_i, g_dur,
-                              emb, emb_dur, adam, link)
+    in_order, *got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, terms, group_i,
+                                              g_dur, emb, emb_dur, adam, link)
+    assert in_order == all(bool((o[1:] >= o[:-1]).all()) for o in offsets)
+    if not in_order:
+        return
 
     dp_end = gather_end.copy()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(contention, "HAVE_NUMBA", False)
         for s, g in enumerate(group_of):
             if g >= 0:
-                ready = last_b_start[s, group_i[g, 0]] + offsets[g, :counts[g]]
+                ready = last_b_start[s, group_i[g, 0]] + offsets[g]
                 dp_end[s] = contention.serial_shared(ready[None, :], np.full(counts[g], g_dur[g]), gather_end[s:s + 1],
                                                      compute_end[s:s + 1], rate[s:s + 1])[0, -1]
     partner_wait = np.zeros(pp)

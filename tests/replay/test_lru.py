@@ -38,3 +38,57 @@ def test_none_values_and_disabled():
         assert lru.get_or("x", lambda: 5) == 5 and lru.items() == []
     lru.clear()
     assert len(lru) == 0 and lru.hits == lru.misses == 0
+
+
+def test_a_compute_that_raises_leaves_no_entry():
+    lru = cache.LRU(4)
+
+    def broken():
+        raise ValueError("no")
+    for _ in range(2):
+        try:
+            lru.get_or("x", broken)
+        except ValueError:
+            pass
+        assert len(lru) == 0 and lru.items() == [] and lru.get("x") is None
+    assert lru.get_or("x", lambda: 3) == 3 and lru.get_or("x", lambda: 4) == 3
+
+
+def test_nested_look_ups_while_a_value_is_computed():
+    # the miss reserves the key's entry before computing: a nested look-up of the same key computes its
+    # own value (never the reservation), and nested misses that evict it lose only the caching
+    lru = cache.LRU(4)
+    assert lru.get_or("x", lambda: lru.get_or("x", lambda: 1) + 1) == 2
+    assert lru.get_or("x", lambda: 99) == 2 and lru.get("x") == 2
+    lru.clear()
+    assert lru.get_or("y", lambda: [lru.get_or(k, lambda k=k: k) for k in range(10)] and "v") == "v"
+    assert len(lru) <= 4 and all(v is not cache._PENDING for _, v in lru.items())
+    assert lru.get_or("y", lambda: "w") in ("v", "w")
+
+
+def test_get_add_put_and_get_or_interleaved_keep_each_key_to_its_value():
+    # get() misses without their add(), adds of an equal but different key object, other misses between
+    # a get and its add, evictions: a key reads back its own value (values are a function of the key,
+    # as a cache's are) or a miss
+    rng = random.Random(5)
+    lru = cache.LRU(12)
+
+    def value(k):
+        return ("value of", k)
+    for _ in range(4000):
+        k = rng.randrange(30)
+        op = rng.random()
+        if op < 0.5:
+            got = lru.get(k)
+            assert got is None or got == value(k)
+            if got is None and rng.random() < 0.8:
+                if rng.random() < 0.2:            # other misses between the get and its add
+                    for j in rng.sample(range(30, 60), 3):
+                        lru.get(j)
+                lru.add(k if rng.random() < 0.7 else int(str(k)), value(k))   # int(str(k)): equal, not identical
+        elif op < 0.8:
+            assert lru.get_or(k, lambda k=k: value(k)) == value(k)
+        else:
+            lru.put(k, value(k))
+        assert len(lru) <= 12 + 1 and all(v == value(key) for key, v in lru.items())
+    assert lru.hits > 500 and lru.misses > 100

@@ -73,7 +73,8 @@ def test_1f1b_jumps_over_the_steady_state():
     _close(_periodic("1f1b", pp, 1, 1000, f, b, release), _whole("1f1b", pp, 1, 1000, f, b, release))
     (key, state), = cache.transients.items()
     assert state[3] and state[2] < 10 and state[1] == 3.0      # uniform after a few periods of f + b
-    warm, _, period, _, tail = cache.orders.get(key[0])
+    assert not len(cache.orders)                                 # 1F1B's windows are replayed by rule (periodic_1f1b)
+    warm, _, period, _, tail = periodic._windows("1f1b", pp, 1, key[0][-1])
     assert len(period) == 2 * pp                                 # one forward and one backward per stage
     assert len(warm) + len(tail) < 3 * pp * pp
 

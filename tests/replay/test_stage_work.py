@@ -1,14 +1,17 @@
-"""The stage work's fast paths (comet/replay/step.py, contention.py; branch i17s-stage) against the
+"""The stage work's fast paths (comet/replay/tails.py, contention.py; branch i17s-stage) against the
 per-stage / per-element reference they replace, on random inputs."""
 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from comet.config.cluster import NetworkDim
+from comet.hardware.network import group_span
 from comet.replay import contention
-from comet.replay.step import _stage_groups
+from comet.replay.tails import _stage_groups
 
 
 def _stage_groups_per_stage(graph) -> dict:
@@ -28,22 +31,30 @@ def test_stage_groups_equal_per_stage_loop(data):
     pp = data.draw(st.integers(1, 12))
     vpp = data.draw(st.integers(1, 3))
     # a few shared sync objects, in runs or interleaved; layer counts that sometimes differ
-    syncs = [object() for _ in range(data.draw(st.integers(1, 4)))]
+    syncs = [SimpleNamespace(embedding_sync=data.draw(st.sampled_from([None, "all-reduce"])))
+             for _ in range(data.draw(st.integers(1, 4)))]
     stages = tuple(syncs[i] for i in data.draw(st.lists(st.integers(0, len(syncs) - 1), min_size=pp, max_size=pp)))
     layers = tuple(data.draw(st.lists(st.integers(0, 3), min_size=pp * vpp, max_size=pp * vpp)))
     graph = SimpleNamespace(plan=SimpleNamespace(pp=pp, vpp=vpp, chunk_layers=layers), stages=stages)
     got, want = _stage_groups(graph), _stage_groups_per_stage(graph)
-    assert list(got) == list(want)     # the same roles, in the same order
-    for role in want:
-        assert got[role].dtype == want[role].dtype and got[role].tolist() == want[role].tolist()
+    assert len(got.rows) == len(want)     # the same groups, in the same order
+    for g, rows in enumerate(want.values()):
+        assert got.rows[g].dtype == rows.dtype and got.rows[g].tolist() == rows.tolist()
+        assert got.first[g] == rows[0] and type(got.first[g]) is int and got.syncs[g] is stages[rows[0]]
+        assert (got.index[rows] == g).all()
+    assert got.index.dtype == np.int64 and len(got.index) == pp
+    assert got.embedding == tuple(s for s in range(pp) if stages[s].embedding_sync is not None)
+    table = [[float(g), -float(g)] for g in range(len(want))]     # a row per group becomes a row per stage
+    assert got.per_stage(table).tolist() == [table[g] for g in got.index.tolist()]
 
 
 _times = st.floats(0.0, 1e3, allow_nan=False) | st.just(0.0) | st.just(np.inf)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @settings(max_examples=300, deadline=None)
-@given(st.data())
-def test_rate_equals_nested_minimum(data):
+@given(data=st.data())
+def test_rate_equals_nested_minimum(compiled, data):
     pp, vpp = data.draw(st.integers(1, 10)), data.draw(st.integers(1, 4))
     nic = np.array(data.draw(st.lists(_times, min_size=pp, max_size=pp)), dtype=float)
     b_dur = np.array(data.draw(st.lists(_times, min_size=pp * vpp, max_size=pp * vpp)), dtype=float).reshape(pp, vpp)
@@ -51,8 +62,20 @@ def test_rate_equals_nested_minimum(data):
     with np.errstate(invalid="ignore", over="ignore"):   # the draws include subnormal durations and inf
         u = np.divide(nic, busy, out=np.zeros_like(nic), where=busy > 0)
         want = 1.0 - np.minimum(np.minimum(u, 1.0), 0.5)
-        got = contention._rate(nic, b_dur)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(contention, "HAVE_NUMBA", compiled)    # tail_kernels.nic_rate, or the numpy calls
+            got = contention._rate(nic, b_dur)
     if not (want < 1.0).any():
         assert got is None
     else:
         assert got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=500, deadline=None)
+@given(size=st.integers(1, 4096), stride=st.integers(1, 4096), inner=st.integers(1, 512), levels=st.integers(1, 3))
+def test_crosses_nic_reads_the_first_level_of_the_span(size, stride, inner, levels):
+    # contention.crosses_nic counts the members inside one innermost domain, not the span over every level
+    network = tuple(NetworkDim(f"l{i}", (inner * 4 ** i) if i < levels - 1 else 0, 100.0, 1.0) for i in range(levels))
+    cluster = SimpleNamespace(network=network)
+    want = size > 1 and levels > 1 and group_span(size, stride, network)[0] < size
+    assert contention.crosses_nic(size, stride, cluster) == want

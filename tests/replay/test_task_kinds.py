@@ -33,3 +33,18 @@ def test_every_task_gets_its_blocks_and_send_stride(plan):
         for c in range(plan.vpp):
             for phase, ids in ((FWD, fwd), (BWD, bwd)):
                 assert kinds[ids[s, c]] == (tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase))
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans())
+def test_kinds_are_numbered_in_order_of_first_appearance(plan):
+    # task by task, stage-major then chunk, each forward then its backward: the numbering the per-stage
+    # loop gave before the roles were computed with numpy (downstream sums run in this order)
+    want: dict = {}
+    for s in range(plan.pp):
+        for c in range(plan.vpp):
+            for phase in (FWD, BWD):
+                want.setdefault((tuple(task_blocks(plan, s, c, phase)), send_stride(plan, s, c, phase)), len(want))
+    with cache.disabled():
+        kinds, _, _ = task_kinds(plan)
+    assert kinds == list(want)

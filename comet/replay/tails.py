@@ -1,0 +1,390 @@
+"""Each pipeline stage's tail, after its last task: the once-per-step stage work of a step replay
+(step.replay_step). Stages that share one StageSync, role and layer counts form a group (StageGroups):
+what the network or the blocks give a group (the parameter gathers at the start of the step, the first
+gradient bucket's and the tied-embedding all-reduce's seconds, the optimizer's, the buckets' readiness)
+is computed once per group and spread to its stages. Then each stage's DP stream of gradient buckets on
+the NIC port it shares with the backward's traffic (contention.py), the tied-embedding all-reduce
+between the first and last stage, the optimizer and any parameter gathers after it: in one compiled
+pass (tail_kernels.stage_tails) where each stage's buckets are one chunk's, else as rows of numpy
+array computations per group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from comet.config.cluster import ClusterSpec
+from comet.graph.ir import OpKind, StepGraph
+from comet.replay import cache
+from comet.replay.contention import serial_shared
+from comet.replay.kernels import HAVE_NUMBA
+from comet.replay.pipeline import PipelineSummary
+from comet.replay.tail_kernels import shared_bucket_stream, sorted_bucket_stream_end, stage_tails
+
+
+class StageGroups:
+    """Stages that share one StageSync object, role (first, last) and layer counts (_stage_groups): a
+    group's stages are rows of one array computation. `rows[g]`: the group's stages (an index array,
+    increasing), `first[g]`: its first stage, `syncs[g]`: their StageSync; `index[s]`: stage s's group
+    (perf: a table with one row per group becomes the per-stage array in one take)."""
+    __slots__ = ("embedding", "first", "index", "rows", "syncs")
+
+    def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray):
+        self.rows, self.first, self.syncs, self.index = rows, first, syncs, index
+        # the stages with a tied-embedding sync, in increasing order
+        self.embedding = tuple(sorted(s for rows, st in zip(rows, syncs) if st.embedding_sync is not None
+                                      for s in rows.tolist()))
+
+    def per_stage(self, per_group: list) -> np.ndarray:
+        """The per-stage array of a value per group (rows: a row per group, one per stage)."""
+        return np.array(per_group, dtype=float)[self.index]
+
+
+def _stage_groups(graph: StepGraph) -> StageGroups:
+    """The stage groups of a graph, in order of their first stage. A stage's role: its StageSync object,
+    whether it is the first or the last stage, the layers of its chunks (c * pp + s, c < vpp)."""
+    plan = graph.plan
+    pp, layers, stages = plan.pp, plan.chunk_layers, graph.stages
+    per_stage = layers if plan.vpp == 1 else list(zip(*(layers[c * pp:(c + 1) * pp] for c in range(plan.vpp))))
+    # perf: stages alike come in runs (the middle stages): one dict update per run, not per stage; the
+    # groups, their order and their stages are the per-stage loop's (tests/replay/test_stage_work.py).
+    # perf (i18s-step): runs found by comparing each stage with its run's first, no role tuple per stage;
+    # a group's stages an arange where they are one run: pp 64, 18.6 -> 9.3 us
+    group_of: dict = {}
+    runs, run_group, run_length = [], [], []
+    start = 0
+    for s in range(1, pp + 1):
+        if s < pp and s != 1 and s != pp - 1 and stages[s] is stages[start] and per_stage[s] == per_stage[start]:
+            continue
+        g = group_of.setdefault((id(stages[start]), start == 0, s == pp, per_stage[start]), len(runs))
+        if g == len(runs):
+            runs.append([])
+        runs[g].append(range(start, s))
+        run_group.append(g)
+        run_length.append(s - start)
+        start = s
+    rows = [np.arange(r[0].start, r[0].stop) if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
+    first = [r[0].start for r in runs]
+    return StageGroups(rows, first, [stages[f] for f in first],
+                       np.repeat(np.array(run_group, dtype=np.int64), run_length))
+
+
+def _stage_groups_shared(graph: StepGraph) -> StageGroups:
+    plan = graph.plan
+    return cache.facts.get_or(("stage groups", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers),
+                              lambda: _stage_groups(graph))
+
+
+def _early_gathers(graph: StepGraph, groups: StageGroups, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
+    chunk's first forward waits for the buckets holding its first layer. Returns (release of each
+    (stage, chunk)'s first forward, end of each stage's gathers); `events`: per stage, the gathers'
+    (name, start, end) appended (the timeline's), or None."""
+    plan = graph.plan
+    pp, vpp = plan.pp, plan.vpp
+    # perf (i18s-step): stages of a group have the same gathers: one row per group in Python floats,
+    # spread to the stages in one take each (an indexed store per group and bucket set before)
+    release_of, end_of = [], []
+    for rows, s0, st in zip(groups.rows, groups.first, groups.syncs):
+        release = [0.0] * vpp
+        clock = 0.0
+        if st.param_gathers and st.gather_before_forward:
+            for bs in st.param_gathers:
+                d = t(bs.op)
+                first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s0], 1))
+                release[bs.chunk] = clock + first_layer * d
+                if events is not None:
+                    for s in rows:
+                        events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
+                                      for k in range(bs.count)]
+                clock += bs.count * d
+        release_of.append(release)
+        end_of.append(clock)
+    return groups.per_stage(release_of), groups.per_stage(end_of)
+
+
+def _sync_collective_s(graph: StepGraph, groups: StageGroups, t) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
+    all-reduce (stages in increasing order): what tail_kernels.stage_tails reads of the network."""
+    bucket_s = np.array([t(st.grad_buckets[0].op) if st.grad_buckets else 0.0 for st in groups.syncs], dtype=float)
+    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in groups.embedding], dtype=float)
+    return bucket_s, emb_s
+
+
+@dataclass
+class StageTail:
+    compute_end: float        # last task
+    optimizer_start: float
+    optimizer_end: float
+    dp_events: list = field(default_factory=list)   # (name, start, end) on the DP stream
+    end: float = 0.0
+    adam_s: float = 0.0
+    offload_s: float = 0.0
+    partner_wait: float = 0.0  # waiting for the other end of the tied-embedding all-reduce
+
+
+class StageTails(Sequence):
+    """Every stage's tail as arrays (pp,), a StageTail built per access (a timeline, a test): the step
+    reads the arrays."""
+
+    def __init__(self, compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait,
+                 events: list | None):
+        self.compute_end, self.optimizer_start, self.optimizer_end, self.end = compute_end, optimizer_start, optimizer_end, end
+        self.adam, self.offload, self.partner_wait = adam, offload, partner_wait
+        self.events = events
+
+    def __len__(self) -> int:
+        return len(self.end)
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[i] for i in range(*s.indices(len(self)))]
+        s = range(len(self))[s]
+        return StageTail(float(self.compute_end[s]), float(self.optimizer_start[s]), float(self.optimizer_end[s]),
+                         self.events[s] if self.events is not None else [], float(self.end[s]), float(self.adam[s]),
+                         float(self.offload[s]), float(self.partner_wait[s]))
+
+
+def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,
+           gather_end: np.ndarray, t, blocks, events: list | None = None, dp_rate: np.ndarray | None = None, *,
+           blocks_key: tuple, sync_s: list | None = None) -> StageTails:
+    """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
+    (name, start, end) so far, extended here (for the timeline); None: not recorded. `sync_s`:
+    _sync_collective_s of this graph and network, where known."""
+    plan = graph.plan
+    pp = plan.pp
+    last_b_start = summary.last_b_start                            # (stage, chunk)
+    record = events is not None
+    statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
+    adam, link = statics.adam, statics.link
+    if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
+        # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
+        # arithmetic below, bit for bit; tests/replay/test_contention.py)
+        group_of, terms, group_i, emb = statics.fused
+        in_order, optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
+            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms, group_i, sync_s[0], emb,
+            sync_s[1], adam, link)
+        if in_order:
+            return StageTails(summary.compute_end, optimizer_start, optimizer_end,
+                              _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
+    # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
+    # their DP streams, embedding sync and optimizer as rows of one array computation
+    dp_end = gather_end.copy()
+    fast = dp_rate is not None and HAVE_NUMBA and not record
+    for rows, s0, st, terms in statics.groups:
+        if not st.grad_buckets:
+            continue
+        if terms is not None and fast:
+            # perf: one chunk's equal buckets on a shared port, offsets and stream in one compiled
+            # pass (the generic path below, bit for bit; tests/replay/test_contention.py)
+            bs = st.grad_buckets[0]
+            ends, in_order = shared_bucket_stream(
+                last_b_start[rows, bs.chunk], gather_end[rows], summary.compute_end[rows], dp_rate[rows], *terms,
+                bs.count, bs.progressive, float(t(bs.op)))
+            if in_order:
+                dp_end[rows] = ends[:, -1]
+                continue
+        offsets, durs, chunk_of, in_bucket_order = _bucket_layout_shared(graph, blocks, blocks_key, s0, st, t)
+        if in_bucket_order:
+            # perf: one chunk's buckets, ready in bucket order on every row (row start + nondecreasing
+            # offsets): the stable sort is the identity
+            order = None
+            ready = last_b_start[rows, chunk_of[0]][:, None] + offsets[None, :]
+            in_order, durs_in_order = ready, durs
+        elif fast:
+            # perf: buckets of several chunks: readiness, stable sort and the shared port in one compiled
+            # pass per row (the arithmetic below, bit for bit; tests/replay/test_contention.py)
+            dp_end[rows] = sorted_bucket_stream_end(last_b_start, rows, chunk_of, offsets, durs, gather_end[rows],
+                                                    summary.compute_end[rows], dp_rate[rows])
+            continue
+        else:
+            ready = last_b_start[rows[:, None], chunk_of[None, :]] + offsets[None, :]
+            order = np.argsort(ready, axis=1, kind="stable")
+            in_order, durs_in_order = np.take_along_axis(ready, order, axis=1), durs[order]
+        if dp_rate is None:
+            ends = _serial(in_order, durs_in_order, gather_end[rows, None])
+        else:   # the DP stream gets the NIC share the backward's traffic leaves until the stage's last backward ends
+            ends = serial_shared(in_order, durs_in_order, gather_end[rows], summary.compute_end[rows], dp_rate[rows])
+        dp_end[rows] = ends[:, -1]
+        if record:
+            names = [f"{bs.op.name}[{k}]" for bs in st.grad_buckets for k in range(bs.count)]
+            for r, s in enumerate(rows):
+                idx = range(len(names)) if order is None else order[r].tolist()
+                events[s] += [(names[i], e - durs[i], e) for i, e in zip(idx, ends[r].tolist())]
+    compute_end = summary.compute_end
+    partner_wait = np.zeros(pp)
+    # Tied-embedding gradient all-reduce between first and last stage: starts when both are ready; a
+    # stage waiting for its partner is pipeline imbalance.
+    emb = statics.emb
+    if emb:
+        ready_at = {s: max(float(compute_end[s]), float(dp_end[s])) for s in emb}
+        start = max(ready_at.values())
+        for s in emb:
+            d = t(graph.stages[s].embedding_sync)
+            partner_wait[s] = start - ready_at[s]
+            if record:
+                events[s].append(("embedding.grad_all_reduce", start, start + d))
+            dp_end[s] = start + d
+    offload = np.maximum(0.0, link - adam)
+    optimizer_start = np.maximum(compute_end, dp_end)
+    optimizer_end = optimizer_start + adam + offload
+    end = _after_optimizer(statics, optimizer_end, t, events)
+    return StageTails(compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait, events)
+
+
+def _after_optimizer(statics: _TailStatics, optimizer_end: np.ndarray, t, events: list | None) -> np.ndarray:
+    """Each stage's end: parameter all-gathers issued after the optimizer (not overlapped with the next
+    step's first forwards) follow it."""
+    end = optimizer_end.copy()
+    for rows, _, st, _ in statics.groups:
+        if st.gather_before_forward:
+            continue
+        for bs in st.param_gathers:
+            d = t(bs.op)
+            if events is not None:
+                for s in rows:
+                    events[s].append((bs.op.name, float(end[s]), float(end[s] + bs.count * d)))
+            end[rows] += bs.count * d
+    return end
+
+
+def _bucket_ready_terms(graph: StepGraph, blocks: dict, stage: int, bs,
+                        layer_s: dict | None = None) -> tuple[float, float, float, int]:
+    """(output head's backward, mean backward per layer, the chunk's whole backward, layers) of a
+    chunk's last backward task: what bucket_ready_offsets reads of the blocks. `layer_s`: a memo of
+    each layer kind's backward (+ recompute) seconds, shared by a graph's chunks, or None."""
+    plan = graph.plan
+    vs = bs.chunk * plan.pp + stage
+    n = plan.chunk_layers[vs]
+    head = blocks["head.bwd"].duration_s if vs == plan.pp * plan.vpp - 1 else 0.0
+    kinds = plan.layer_kinds(vs)   # mean backward (+ recompute) per layer over the chunk's layer kinds
+    layer_s = {} if layer_s is None else layer_s
+    total = 0     # the sum of the layers' seconds in order, from 0 as sum() adds them
+    for k in kinds:
+        seconds = layer_s.get(k)
+        if seconds is None:     # perf (i18s-step): each kind's block names and look-ups once per graph
+            seconds = layer_s[k] = blocks[k + ".bwd"].duration_s + (
+                blocks[k + ".recompute"].duration_s if plan.recompute_layers else 0.0)
+        total += seconds
+    per_layer = total / max(len(kinds), 1)
+    all_compute = head + n * per_layer + (blocks["embedding.bwd"].duration_s if vs == 0 else 0.0)
+    return float(head), float(per_layer), float(all_compute), int(n)
+
+
+class _TailStatics:
+    """What a graph's stage tails read that the network does not change: per stage the optimizer's
+    compute and host-link seconds; per stage group (rows, first stage, its StageSync, and for one
+    chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync.
+    Read-only by convention (shared from cache.facts); perf (i18s-step): a slotted class, not a frozen
+    dataclass (a setattr call per field)."""
+    __slots__ = ("adam", "emb", "fused", "groups", "link")
+
+    def __init__(self, adam: np.ndarray, link: np.ndarray, groups: tuple, emb: tuple, fused: tuple | None = None):
+        self.adam, self.link, self.groups, self.emb = adam, link, groups, emb
+        self.fused = fused   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
+
+
+def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | None:
+    """tail_kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
+    buckets), per group the readiness terms of its buckets (head, per layer, whole backward: see
+    _bucket_ready_terms) and (chunk, buckets, layers, progressive), the tied-embedding stages; None
+    where a group's buckets span several sets (the generic path sorts them)."""
+    bucket_group, terms_g, ints_g = [], [], []
+    for g, (st, terms) in enumerate(zip(groups.syncs, terms_of)):
+        if not st.grad_buckets:
+            bucket_group.append(-1)
+            terms_g.append((0.0, 0.0, 0.0))
+            ints_g.append((0, 0, 0, 0))
+            continue
+        if terms is None:
+            return None
+        bs = st.grad_buckets[0]
+        bucket_group.append(g)
+        terms_g.append(terms[:3])
+        ints_g.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
+    # perf (i18s-step): the kernel computes the ready offsets from these terms (a table of
+    # _ready_offsets was built here: ~30 small numpy calls)
+    return (np.array(bucket_group, dtype=np.int64)[groups.index], np.array(terms_g, dtype=float),
+            np.array(ints_g, dtype=np.int64), np.array(emb, dtype=np.int64))
+
+
+def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_key: tuple, compute_key: tuple,
+                  t) -> _TailStatics:
+    """_TailStatics, shared by the candidates of one graph whose blocks are timed alike (the same cached
+    BlockTiming objects, held by `blocks_key`) on GPUs alike (`compute_key`: (cache.compute_key,
+    precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
+    differ in their network share it."""
+    def build() -> _TailStatics:
+        adam_of, link_of, rows_of, terms_of, layer_s = [], [], [], [], {}
+        for stages, s0, st in zip(groups.rows, groups.first, groups.syncs):
+            adam = link = 0     # the sums start at 0, as sum() does
+            for op in st.optimizer:
+                if op.kind is OpKind.COMPUTE:
+                    adam += t(op)
+                elif op.kind is OpKind.MEMCPY:
+                    link += t(op)
+            adam_of.append(adam)
+            link_of.append(link)
+            terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0], layer_s) if len(st.grad_buckets) == 1
+                     else None)
+            rows_of.append((stages, s0, st, terms))
+            terms_of.append(terms)
+        emb = groups.embedding
+        # perf (i18s-step): both per-stage arrays in one take (rows of one table, each contiguous)
+        adam, link = np.take(np.array((adam_of, link_of), dtype=float), groups.index, axis=1)
+        adam.flags.writeable = link.flags.writeable = False
+        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(groups, terms_of, emb))
+
+    # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
+    # batch, and the plan's layer split), not by the graph object
+    plan = graph.plan
+    key = ("tail statics", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers, plan.recompute_layers,
+           plan.chunk_layer_kinds, blocks_key, compute_key)
+    return cache.facts.get_or(key, build)
+
+
+def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
+    """When each of a chunk's gradient buckets is complete, measured from the start of the chunk's last
+    backward task: bucket k holds the first ceil((k+1) * n / count) layers in backward order, and is
+    ready when that layer's backward is done (Megatron DDP fills buckets as wgrads finish)."""
+    return _ready_offsets(_bucket_ready_terms(graph, blocks, stage, bs), bs)
+
+
+def _ready_offsets(terms: tuple, bs) -> np.ndarray:
+    """bucket_ready_offsets from the chunk's _bucket_ready_terms."""
+    head, per_layer, all_compute, n = terms
+    if not bs.progressive or n == 0:
+        return np.full(bs.count, all_compute)
+    layers_done = np.ceil(np.arange(1, bs.count + 1) * n / bs.count)
+    ready = head + layers_done * per_layer
+    ready[-1] = all_compute
+    return ready
+
+
+def _bucket_layout(graph: StepGraph, blocks: dict, stage: int, st, t) -> tuple:
+    """A stage's gradient buckets, all chunks in a row: (ready offsets from the start of their chunk's
+    last backward, durations, chunk of each, whether one chunk's buckets are ready in bucket order)."""
+    offsets = np.concatenate([bucket_ready_offsets(graph, blocks, stage, bs) for bs in st.grad_buckets])
+    durs = np.concatenate([np.full(bs.count, t(bs.op)) for bs in st.grad_buckets])
+    chunk_of = np.concatenate([np.full(bs.count, bs.chunk) for bs in st.grad_buckets])
+    in_bucket_order = len(st.grad_buckets) == 1 and bool((offsets[1:] >= offsets[:-1]).all())
+    return offsets, durs, chunk_of, in_bucket_order
+
+
+def _bucket_layout_shared(graph: StepGraph, blocks: dict, blocks_key: tuple, stage: int, st, t) -> tuple:
+    """_bucket_layout, shared (read-only arrays) by candidates of one graph (cache.graphs) whose blocks
+    are timed alike (the same cached BlockTiming objects) and whose bucket collectives take as long."""
+    bucket_s = tuple(t(bs.op) for bs in st.grad_buckets)
+    key = ("bucket layout", cache.object_key(graph), stage, blocks_key, bucket_s)
+    return cache.facts.get_or(key, lambda: _bucket_layout(graph, blocks, stage, st, t))
+
+
+def _serial(ready: np.ndarray, dur: np.ndarray, t0) -> np.ndarray:
+    """End times of ops run one after another on one stream, each no earlier than its ready time (along
+    the last axis: one stream per row)."""
+    if dur.shape[-1] == 0:
+        return dur
+    c = np.cumsum(dur, axis=-1)
+    return c + np.maximum.accumulate(np.maximum(ready, t0) - (c - dur), axis=-1)
