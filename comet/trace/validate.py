@@ -316,6 +316,8 @@ def _graph_meta(value: Any, name: str, where: str) -> None:
         ranks = value["ranks"]
         if not isinstance(ranks, list) or any(not isinstance(r, dict) for r in ranks):
             raise _fail(name, "graph.ranks", "must be a list of objects", ranks)
+        for i, r in enumerate(ranks):
+            _rank_info(r, name, f"graph.ranks[{i}]")
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -328,6 +330,19 @@ def _graph_meta(value: Any, name: str, where: str) -> None:
                 number(v, name, f"{where}[{i}]", low=None)
             else:
                 _graph_meta(v, name, f"{where}[{i}]")
+
+
+def _rank_info(r: dict, name: str, where: str) -> None:
+    """What the trace replay reads of a rank (comet/trace/replay.py): its number, its measured step time and
+    step start (numbers or null) and its root node's id (a string or an integer, or null)."""
+    rank = r.get("rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise _fail(name, f"{where}.rank", "must be a rank number (an integer >= 0)", rank)
+    number(r.get("measured_s"), name, f"{where}.measured_s")
+    number(r.get("step_start_us"), name, f"{where}.step_start_us", low=None)
+    root = r.get("root")
+    if root is not None and (isinstance(root, bool) or not isinstance(root, (str, int))):
+        raise _fail(name, f"{where}.root", "must be a node id (a string or an integer) or null", root)
 
 
 _ENUM_FIELDS = {"kind", "kernel", "collective", "group_kind", "phase"}

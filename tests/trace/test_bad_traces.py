@@ -127,6 +127,25 @@ def test_graph_json_bad_field(tmp_path):
         load_trace(p)
 
 
+@pytest.mark.parametrize("rank_info, field", [
+    ({"rank": 0, "measured_s": "1.5"}, r"graph\.ranks\[0\]\.measured_s must be a number"),
+    ({"rank": 0, "step_start_us": [1]}, r"graph\.ranks\[0\]\.step_start_us must be a number"),
+    ({"rank": "0"}, r"graph\.ranks\[0\]\.rank must be a rank number"),
+    ({"measured_s": 1.0}, r"graph\.ranks\[0\]\.rank must be a rank number"),
+    ({"rank": 0, "root": ["a"]}, r"graph\.ranks\[0\]\.root must be a node id"),
+])
+def test_graph_json_bad_rank_info(tmp_path, capsys, rank_info, field):
+    # what the trace replay reads of each rank is checked where the file is read (the fuzz corpus found a
+    # string measured_s reaching the replay's arithmetic)
+    doc = {"comet_graph": 1, "graph": {"ranks": [rank_info]}, "nodes": [{"id": "a", "op": {"name": "k", "kind": "compute"}}],
+           "edges": []}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"g\.json: " + field):
+        load_trace(p)
+    assert "graph.ranks[0]." in _cli_error(capsys, ["trace", "replay", str(p)])
+
+
 def test_missing_path_and_empty_dir(tmp_path, capsys):
     with pytest.raises(TraceError, match="no such file or directory"):
         load_trace(tmp_path / "nope")
