@@ -28,6 +28,19 @@ class TaskParts(Sequence):
     def __init__(self, parts_of: list[dict], kind: np.ndarray):
         self.parts_of, self.kind = parts_of, kind
         self._rows: dict = {}
+        self._items: dict = {}
+
+    def stage_items(self, other: TaskParts, s: int) -> tuple:
+        """(part, seconds) of stage s's tasks in the order _breakdown adds them: per chunk, this
+        object's (forward) parts then `other`'s (backward). perf: a forward TaskParts is built and
+        cached with its backward one (step._task_parts), so the flat list is kept on it per stage
+        (a cheap search candidate's _breakdown: nested loops and dict views each call before)."""
+        items = self._items.get(s)
+        if items is None:
+            f_row, b_row = self[s], other[s]
+            items = self._items[s] = tuple(kv for c in range(len(f_row)) for parts in (f_row[c], b_row[c])
+                                           for kv in parts.items())
+        return items
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -171,7 +184,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
     tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
                    blocks_key=blocks_key, sync_s=sync_s)
-    crit = int(np.argmax(tails.end))
+    crit = int(tails.end.argmax())   # perf: the method, not np.argmax's dispatch (~1 us)
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,
                       (f_dur, b_dur, f_release))
@@ -220,11 +233,8 @@ def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_part
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     out["exposed_dp"] += float(summary.gather_wait[s])
     out["pipeline_bubble"] += float(summary.bubble[s])
-    f_row, b_row = f_parts[s], b_parts[s]
-    for c in range(len(f_row)):
-        for parts in (f_row[c], b_row[c]):
-            for k, v in parts.items():
-                out[k] += m * v
+    for k, v in f_parts.stage_items(b_parts, s):
+        out[k] += m * v
     out["pipeline_bubble"] += tail.partner_wait
     out["exposed_dp"] += tail.optimizer_start - float(summary.compute_end[s]) - tail.partner_wait
     out["optimizer"] += tail.adam_s
