@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 import networkx as nx
 import numpy as np
@@ -191,8 +190,7 @@ class _OpTable:
             writer = TableWriter.of(ops)
         lists = block_lists(g)
         self.with_edges = lists is not None
-        edges = lists[1] if lists is not None else ()
-        self.array = writer.array(list(map(_SOURCE, edges)), list(map(_TARGET, edges))) if compute_costs.HAVE_NUMBA \
+        self.array = writer.array_of_edges(lists[1] if lists is not None else ()) if compute_costs.HAVE_NUMBA \
             else None
         # perf: one pass over the codes sorts the ops (three passes cost ~2 us more a GPT layer)
         self.left_out, self.on_gpu = left_out, on_gpu = [], []  # timed by timed_s; all but the transfers
@@ -207,8 +205,6 @@ class _OpTable:
                     left_out.append(i)
         self.transfers = tuple(same.values())
 
-
-_SOURCE, _TARGET = itemgetter(0), itemgetter(1)
 
 
 def _table(g, sig) -> _OpTable:

@@ -1,4 +1,4 @@
-"""TableWriter.array (np.fromiter over the pieces) equals numpy's conversion of the one list, bit for bit."""
+"""TableWriter.array and array_of_edges (np.fromiter over the pieces) equal numpy's conversion of the one list, bit for bit."""
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
@@ -22,3 +22,5 @@ def test_array_equals_numpy_conversion_of_the_list(rows, gemms, edges):
                           *targets], dtype=np.float64)
     assert table.dtype == np.float64 and len(table) == HEADER + len(rows) + len(gemms) + 2 * len(edges)
     assert table.tobytes() == reference.tobytes()
+    with_dependencies = [(u, v, "data") for u, v in edges]    # a Block's edges
+    assert writer.array_of_edges(with_dependencies).tobytes() == reference.tobytes()
