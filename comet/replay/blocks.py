@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 import networkx as nx
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.graph.block import block_lists, block_table
-from comet.graph.ir import GroupKind, OpKind
+from comet.graph.ir import OpKind
 from comet.graph.op_table import CODE, LEFT_OUT, ROW_WIDTH, TRANSFER, TableWriter
 from comet.replay import block_kernel, cache, compute_costs
 from comet.replay.compile import compile_graph
 from comet.replay.engine import Replay, replay, replay_graph
-from comet.replay.timing import timed_s
+from comet.replay.timing import timed_s, transfer_call, transfer_s
 
 # Exposed communication is charged to the first active category in this order.
 _COMM_ORDER = block_kernel.COMM_ORDER
@@ -145,8 +144,9 @@ def _durations(table: "_OpTable", sig, cluster: ClusterSpec, precision: str) -> 
     # perf: each distinct transfer of the block is timed once (a GPT layer's backward repeats its
     # TP collectives), the others copy its seconds
     every = list(local)
-    for op, where in table.transfers:
-        d = float(timed_s(op, cluster, precision))
+    network = cache.network_key(cluster)
+    for head, cost, where in table.transfers:
+        d = float(transfer_s(head, cost, network, cluster))
         for i in where:
             every[i] = d
             if array is not None:
@@ -179,8 +179,8 @@ def _on_gpu(table: "_OpTable", ops: list, cluster: ClusterSpec, precision: str) 
 class _OpTable:
     """What the duration and packing passes read of a block, built once per block content: its table
     (graph/op_table.py: as the builder wrote it, or derived from the ops) as an array, the ops the
-    compiled cost model leaves out, and the transfers: one op per distinct network cost-model call
-    with the node ids that share it. `with_edges`: built from a Block's lists, so the table holds the
+    compiled cost model leaves out, and the transfers: (head, cost, node ids) per distinct network
+    cost-model call (timing.transfer_call). `with_edges`: built from a Block's lists, so the table holds the
     edges the packing reads (a materialized graph of the same content has the same signature)."""
     __slots__ = ("array", "transfers", "left_out", "on_gpu", "with_edges")
 
@@ -190,25 +190,21 @@ class _OpTable:
             writer = TableWriter.of(ops)
         lists = block_lists(g)
         self.with_edges = lists is not None
-        edges = lists[1] if lists is not None else ()
-        self.array = writer.array(list(map(_SOURCE, edges)), list(map(_TARGET, edges))) if compute_costs.HAVE_NUMBA \
+        self.array = writer.array_of_edges(lists[1] if lists is not None else ()) if compute_costs.HAVE_NUMBA \
             else None
-        codes = writer.rows[CODE::ROW_WIDTH]
-        self.left_out = [i for i, code in enumerate(codes) if code == LEFT_OUT]     # timed by timed_s
-        self.on_gpu = [i for i, code in enumerate(codes) if code != TRANSFER]     # all but the transfers
+        # perf: one pass over the codes sorts the ops (three passes cost ~2 us more a GPT layer)
+        self.left_out, self.on_gpu = left_out, on_gpu = [], []  # timed by timed_s; all but the transfers
         same: dict = {}
-        cp = GroupKind.CP
-        for i, code in enumerate(codes):
-            if code == TRANSFER:
-                op = ops[i]
-                # what timing.op_time_s reads of a transfer (its kind by identity, as op_time_s tests it)
-                key = (id(op.kind), op.collective, op.msg_bytes, op.group_size, op.group_stride, op.flat_ring,
-                       op.group_kind is cp)
-                same.setdefault(key, (op, []))[1].append(i)
+        for i, code in enumerate(writer.rows[CODE::ROW_WIDTH]):
+            if code == TRANSFER:    # (a collective, send or recv without a measured duration)
+                head, cost = transfer_call(ops[i])
+                same.setdefault(head, (head, cost, []))[2].append(i)
+            else:
+                on_gpu.append(i)
+                if code == LEFT_OUT:
+                    left_out.append(i)
         self.transfers = tuple(same.values())
 
-
-_SOURCE, _TARGET = itemgetter(0), itemgetter(1)
 
 
 def _table(g, sig) -> _OpTable:

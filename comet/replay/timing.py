@@ -63,6 +63,38 @@ def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     return op.duration_s or 0.0
 
 
+def _collective_cost(kind, msg_bytes, size, stride, flat, cluster) -> float:
+    return collective_time_s(kind, msg_bytes, size, stride, cluster, flat)
+
+
+def _p2p_cost(_, msg_bytes, distance, cluster) -> float:
+    return p2p_time_s(msg_bytes, distance, cluster)
+
+
+def _ring_exchange_cost(_, msg_bytes, size, stride, cluster) -> float:
+    return ring_exchange_time_s(msg_bytes, size, stride, cluster)
+
+
+def transfer_call(op: Op) -> tuple:
+    """(head, cost) of a transfer (a collective, send or recv without a measured duration): op_time_s(op,
+    cluster) is `transfer_s(head, cost, network_key(cluster), cluster)`, the same network-cache entry.
+    perf: a block's table resolves each transfer's head once (replay/blocks.py); a new cluster then costs
+    a key and a look-up per distinct transfer, not the op_time_s dispatch (tests/replay/test_timing.py)."""
+    kind = op.kind
+    if kind is _COLLECTIVE:
+        return (op.collective or _ALL_REDUCE, op.msg_bytes, op.group_size, op.group_stride, op.flat_ring), \
+            _collective_cost
+    if op.group_kind is _CP:
+        return ("ring exchange", op.msg_bytes, op.group_size, op.group_stride), _ring_exchange_cost
+    return ("p2p", op.msg_bytes, op.group_stride), _p2p_cost
+
+
+def transfer_s(head: tuple, cost, network: str, cluster: ClusterSpec) -> float:
+    """A transfer's seconds from its `transfer_call` and the cluster's cache.network_key: collective_s,
+    p2p_s and ring_exchange_s's cache keys (head + network key)."""
+    return _network_s(head + (network,), cost, *head, cluster)
+
+
 def timed_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
     """The op's measured (or re-timed) duration when it has one, else the cost model's."""
     return op.duration_s if op.duration_s is not None else op_time_s(op, cluster, precision)
