@@ -19,7 +19,6 @@ from comet.config.loader import from_dict
 from comet.config.model import load_model
 from comet.config.paths import check_output_dir
 from comet.errors import ConfigError, TraceError
-from comet.result import Result
 from comet.search import artifacts
 from comet.search import results as res_io
 from comet.search.candidates import CandidateFactory, PruneStats, Pruned, grid, random_candidates

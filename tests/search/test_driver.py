@@ -8,7 +8,6 @@ import json
 
 import optuna
 import pandas as pd
-import pytest
 
 import search_fakes as fakes
 from comet.search.driver import RunOptions, run_study
