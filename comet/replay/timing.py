@@ -19,50 +19,9 @@ def _network_s(key: tuple, cost, *args) -> float:
     return seconds
 
 
-def p2p_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
-    """network.p2p_time_s, computed once per (bytes, distance, network): a search asks for the same
-    pipeline sends on every candidate."""
-    return _network_s(("p2p", msg_bytes, distance, cache.network_key(cluster)), p2p_time_s, msg_bytes, distance,
-                      cluster)
-
-
-def collective_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec,
-                 flat: bool = False) -> float:
-    """network.collective_time_s, computed once per its arguments and the cluster's network."""
-    return _network_s((kind, msg_bytes, size, stride, flat, cache.network_key(cluster)), collective_time_s, kind,
-                      msg_bytes, size, stride, cluster, flat)
-
-
-def ring_exchange_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
-    """network.ring_exchange_time_s (one CP ring step, at its slowest hop), computed once per its
-    arguments and the cluster's network."""
-    return _network_s(("ring exchange", msg_bytes, size, stride, cache.network_key(cluster)), ring_exchange_time_s,
-                      msg_bytes, size, stride, cluster)
-
-
-# perf: enum members bound once (a member read through its class is ~0.09 us on Python 3.11)
-_COMPUTE, _COLLECTIVE, _MEMCPY, _ALL_REDUCE, _CP = (OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.MEMCPY,
-                                                    Collective.ALL_REDUCE, GroupKind.CP)
-_POINT_TO_POINT = (OpKind.SEND, OpKind.RECV)
-
-
-def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
-    kind = op.kind
-    if kind is _COMPUTE:
-        return compute_op_time_s(op, cluster, precision)
-    if kind is _COLLECTIVE:
-        return collective_s(op.collective or _ALL_REDUCE, op.msg_bytes, op.group_size, op.group_stride, cluster,
-                            flat=op.flat_ring)
-    if kind in _POINT_TO_POINT and op.group_kind is _CP:
-        # the CP ring exchange: every member sends at once; the slowest hop (a node crossing) sets it
-        return ring_exchange_s(op.msg_bytes, op.group_size, op.group_stride, cluster)
-    if kind in _POINT_TO_POINT:
-        return p2p_s(op.msg_bytes, op.group_stride, cluster)
-    if kind is _MEMCPY:
-        return offload_time_s(op.bytes, cluster)
-    return op.duration_s or 0.0
-
-
+# A transfer's network-cache key is its head (below) and the cluster's cache.network_key; its cost
+# function takes the head's values and the cluster. Block tables resolve an op's head once
+# (transfer_call, replay/blocks.py); the step's syncs and tails call the *_s functions: the same entries.
 def _collective_cost(kind, msg_bytes, size, stride, flat, cluster) -> float:
     return collective_time_s(kind, msg_bytes, size, stride, cluster, flat)
 
@@ -75,13 +34,42 @@ def _ring_exchange_cost(_, msg_bytes, size, stride, cluster) -> float:
     return ring_exchange_time_s(msg_bytes, size, stride, cluster)
 
 
+def transfer_s(head: tuple, cost, network: str, cluster: ClusterSpec) -> float:
+    """A transfer's seconds from its head and cost (transfer_call) and the cluster's cache.network_key."""
+    return _network_s(head + (network,), cost, *head, cluster)
+
+
+def p2p_s(msg_bytes: float, distance: int, cluster: ClusterSpec) -> float:
+    """network.p2p_time_s, computed once per (bytes, distance, network): a search asks for the same
+    pipeline sends on every candidate."""
+    return transfer_s(("p2p", msg_bytes, distance), _p2p_cost, cache.network_key(cluster), cluster)
+
+
+def collective_s(kind: Collective, msg_bytes: float, size: int, stride: int, cluster: ClusterSpec,
+                 flat: bool = False) -> float:
+    """network.collective_time_s, computed once per its arguments and the cluster's network."""
+    return transfer_s((kind, msg_bytes, size, stride, flat), _collective_cost, cache.network_key(cluster), cluster)
+
+
+def ring_exchange_s(msg_bytes: float, size: int, stride: int, cluster: ClusterSpec) -> float:
+    """network.ring_exchange_time_s (one CP ring step, at its slowest hop), computed once per its
+    arguments and the cluster's network."""
+    return transfer_s(("ring exchange", msg_bytes, size, stride), _ring_exchange_cost, cache.network_key(cluster),
+                      cluster)
+
+
+# perf: enum members bound once (a member read through its class is ~0.09 us on Python 3.11)
+_COMPUTE, _COLLECTIVE, _MEMCPY, _ALL_REDUCE, _CP = (OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.MEMCPY,
+                                                    Collective.ALL_REDUCE, GroupKind.CP)
+_POINT_TO_POINT = (OpKind.SEND, OpKind.RECV)
+
+
 def transfer_call(op: Op) -> tuple:
-    """(head, cost) of a transfer (a collective, send or recv without a measured duration): op_time_s(op,
-    cluster) is `transfer_s(head, cost, network_key(cluster), cluster)`, the same network-cache entry.
+    """(head, cost) of a transfer (a collective, or a send / recv: the CP ring exchange where its group is
+    CP, where every member sends at once and the slowest hop, a node crossing, sets it).
     perf: a block's table resolves each transfer's head once (replay/blocks.py); a new cluster then costs
-    a key and a look-up per distinct transfer, not the op_time_s dispatch (tests/replay/test_timing.py)."""
-    kind = op.kind
-    if kind is _COLLECTIVE:
+    a key and a look-up per distinct transfer (tests/replay/test_timing.py)."""
+    if op.kind is _COLLECTIVE:
         return (op.collective or _ALL_REDUCE, op.msg_bytes, op.group_size, op.group_stride, op.flat_ring), \
             _collective_cost
     if op.group_kind is _CP:
@@ -89,10 +77,16 @@ def transfer_call(op: Op) -> tuple:
     return ("p2p", op.msg_bytes, op.group_stride), _p2p_cost
 
 
-def transfer_s(head: tuple, cost, network: str, cluster: ClusterSpec) -> float:
-    """A transfer's seconds from its `transfer_call` and the cluster's cache.network_key: collective_s,
-    p2p_s and ring_exchange_s's cache keys (head + network key)."""
-    return _network_s(head + (network,), cost, *head, cluster)
+def op_time_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
+    kind = op.kind
+    if kind is _COMPUTE:
+        return compute_op_time_s(op, cluster, precision)
+    if kind is _COLLECTIVE or kind in _POINT_TO_POINT:
+        head, cost = transfer_call(op)
+        return transfer_s(head, cost, cache.network_key(cluster), cluster)
+    if kind is _MEMCPY:
+        return offload_time_s(op.bytes, cluster)
+    return op.duration_s or 0.0
 
 
 def timed_s(op: Op, cluster: ClusterSpec, precision: str) -> float:
