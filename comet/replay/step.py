@@ -77,14 +77,6 @@ class StepReplay:
             self._tasks = run_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, *durations)
         return self._tasks
 
-    @property
-    def programs(self) -> StagePrograms:
-        return self.tasks()[0]
-
-    @property
-    def task_end(self) -> np.ndarray:
-        return self.tasks()[1]
-
 
 def _kinds_block_parts(kinds: list, blocks: dict[str, BlockTiming]) -> list[dict]:
     """Per task kind, the parts of its blocks run one after another (each part summed in block order,
@@ -221,10 +213,6 @@ def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.nd
     # the solver is part of the key: the numpy fallback equals the compiled one to 1e-12, not bit for bit
     key = (pipeline.HAVE_NUMBA, plan.schedule, pp, vpp, m, dur_bits, release_bits)
     return cache.summaries.get_or(key, run)
-
-
-def _bits(a: np.ndarray) -> bytes:
-    return np.ascontiguousarray(a, dtype=float).tobytes()
 
 
 def _breakdown(summary: PipelineSummary, m: int, tail: StageTail, s: int, f_parts, b_parts) -> dict:
