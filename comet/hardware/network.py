@@ -77,21 +77,25 @@ def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[
         if remaining == 1:
             span.append(1)
             continue
-        # dim.size counts the GPUs (consecutive global ranks) of one domain at this level; 0 = unbounded.
-        ranks_per_domain = dim.size
-        if ranks_per_domain and step >= ranks_per_domain:
-            span.append(1)
-        else:
-            # perf: integer arithmetic (an unbounded domain holds all that remain)
-            fit = int(min(remaining, max(1, ranks_per_domain // step)) if ranks_per_domain else remaining)
-            while remaining % fit:
-                fit -= 1
-            span.append(fit)
-            remaining //= fit
-            step *= fit
+        fit = members_in_domain(remaining, step, dim.size)
+        span.append(fit)
+        remaining //= fit
+        step *= fit
     if remaining > 1:   # only reachable if every dimension is bounded and too small
         span[-1] *= remaining
     return span
+
+
+def members_in_domain(size: int, stride: int, ranks_per_domain: int) -> int:
+    """How many members of a group of `size` ranks `stride` apart one domain of `ranks_per_domain`
+    consecutive global ranks holds (0: unbounded): the largest divisor of `size` that fits."""
+    if ranks_per_domain and stride >= ranks_per_domain:
+        return 1
+    # perf: integer arithmetic (an unbounded domain holds all that remain)
+    fit = int(min(size, max(1, ranks_per_domain // stride)) if ranks_per_domain else size)
+    while size % fit:
+        fit -= 1
+    return fit
 
 
 class _DimView:

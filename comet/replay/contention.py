@@ -28,6 +28,7 @@ import numpy as np
 from comet.config.cluster import ClusterSpec
 from comet.graph.block import block_ops
 from comet.graph.ir import OpKind, StepGraph
+from comet.hardware.network import members_in_domain
 from comet.replay import cache
 from comet.replay.kernels import HAVE_NUMBA
 from comet.replay.tail_kernels import nic_rate, serial_shared_rows
@@ -39,19 +40,8 @@ def crosses_nic(size: int, stride: int, cluster: ClusterSpec) -> bool:
     """A group of `size` ranks `stride` apart leaves the innermost (scale-up) domain."""
     if size <= 1 or len(cluster.network) < 2:
         return False
-    return _inner_members(size, stride, cluster.network[0].size) < size
-
-
-def _inner_members(size: int, stride: int, domain: int) -> int:
-    """network.group_span(size, stride, network)[0] for a network whose innermost domain holds `domain`
-    consecutive ranks (0: unbounded): the group's members inside one innermost domain.
-    perf (i18s-step): the first level's count alone, not the span over every level (tested equal)."""
-    if domain and stride >= domain:
-        return 1
-    fit = min(size, max(1, domain // stride)) if domain else size
-    while size % fit:
-        fit -= 1
-    return fit
+    # perf (i18s-step): the first level's count alone, not the span over every level
+    return members_in_domain(size, stride, cluster.network[0].size) < size
 
 
 def _p2p_crosses(distance: int, cluster: ClusterSpec) -> bool:
