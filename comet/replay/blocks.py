@@ -182,7 +182,7 @@ class _OpTable:
     compiled cost model leaves out, and the transfers: (head, cost, node ids) per distinct network
     cost-model call (timing.transfer_call). `with_edges`: built from a Block's lists, so the table holds the
     edges the packing reads (a materialized graph of the same content has the same signature)."""
-    __slots__ = ("array", "transfers", "left_out", "on_gpu", "with_edges")
+    __slots__ = ("array", "transfers", "left_out", "on_gpu", "with_edges", "packed")
 
     def __init__(self, g, ops: list):
         writer = block_table(g)
@@ -190,6 +190,7 @@ class _OpTable:
             writer = TableWriter.of(ops)
         lists = block_lists(g)
         self.with_edges = lists is not None
+        self.packed = None     # block_kernel's (structure, delays), set by the block's first replay
         self.array = writer.array_of_edges(lists[1] if lists is not None else ()) if compute_costs.HAVE_NUMBA \
             else None
         # perf: one pass over the codes sorts the ops (three passes cost ~2 us more a GPT layer)
@@ -231,20 +232,24 @@ def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, table: "_OpTable 
     if not block_kernel.HAVE_NUMBA:
         rep = replay(cache.compiled.get_or(sig, lambda: compile_graph(g)), list(dur), overlap_slowdown=slowdown)
         return BlockTiming(rep.makespan, exposure_parts(rep))
-    key = (sig, "packed")
-    packed = cache.compiled.get(key)
-    if packed is None:
-        # perf: a built block is packed from its table in one compiled pass (block_kernel.pack_rows)
-        if table is None:
-            table = _table(g, sig)
-        packed = block_kernel.pack_rows(table.array) if table.with_edges else None
-        if packed is None:
-            packed = block_kernel.pack_graph(g)
-        cache.compiled.add(key, packed)
-    structure, delay = packed
+    if table is None:
+        table = _table(g, sig)
     if array is None:
         array = np.array(dur, dtype=np.float64)
-    done, makespan, *parts = block_kernel.replay_summary(structure, delay, array, slowdown).tolist()
+    packed, summary = table.packed, None
+    if packed is None:
+        # perf: a built block is packed from its table and replayed in one compiled call on its first
+        # replay (block_kernel.pack_and_replay); the packed structure is kept with the table, which the
+        # cache holds once per content (one entry and one dispatch a block fewer than packing apart)
+        fused = block_kernel.pack_and_replay(table.array, array, slowdown) if table.with_edges else None
+        if fused is None:
+            packed = block_kernel.pack_graph(g)
+        else:
+            packed, summary = fused
+        table.packed = packed
+    if summary is None:
+        summary = block_kernel.replay_summary(*packed, array, slowdown)
+    done, makespan, *parts = summary.tolist()
     if done != len(dur):   # a deadlock: the Python engine names the ops that never ran
         replay(compile_graph(g), list(dur), overlap_slowdown=slowdown)
     return BlockTiming(makespan, dict(zip(block_kernel.PARTS, parts)))

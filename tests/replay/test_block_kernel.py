@@ -20,7 +20,8 @@ from comet.graph.block import block_lists, block_table
 from comet.graph.ir import Collective, GroupKind, Op, OpKind, add_dep, add_op, new_graph
 from comet.graph.op_table import TableWriter
 from comet.replay import block_kernel, cache
-from comet.replay.block_kernel import PARTS, pack, pack_block, pack_rows, replay_arrays, replay_summary
+from comet.replay.block_kernel import (PARTS, pack, pack_and_replay, pack_block, pack_rows, replay_arrays,
+                                       replay_summary)
 from comet.replay.blocks import exposure_parts, time_block
 from comet.replay.compile import compile_graph
 from comet.replay.engine import _critical_path, replay
@@ -113,6 +114,10 @@ def test_kernel_equals_python_engine_on_every_shipped_model(name, h100):
             dur = [timed_s(op, h100, par.precision.value) for op in cg.ops]
             for slowdown in (0.0, h100.efficiency.overlap_slowdown, 0.5):
                 assert_same_replay(cg, dur, slowdown)
+                # a block's first replay: packing and replay in one call, equal to the two apart
+                (structure, delay), summary = pack_and_replay(table, np.array(dur, dtype=float), slowdown)
+                assert [structure.tolist(), delay.tolist()] == [a.tolist() for a in packed], key
+                assert summary.tolist() == replay_summary(*packed, np.array(dur, dtype=float), slowdown).tolist()
 
 
 def test_time_block_is_the_same_with_and_without_numba(monkeypatch, h100, tiny_model):
@@ -141,3 +146,4 @@ def test_a_deadlocked_block_raises_on_the_compiled_path(h100):
 def test_a_table_with_ops_matched_across_streams_is_packed_from_its_ops():
     ops = [Op("a", OpKind.COLLECTIVE, stream="comm", comm_id="a"), Op("b", OpKind.COMPUTE)]
     assert pack_rows(TableWriter.of(ops).array([0], [1])) is None
+    assert pack_and_replay(TableWriter.of(ops).array([0], [1]), np.array([1.0, 2.0]), 0.0) is None
