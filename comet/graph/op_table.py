@@ -68,12 +68,21 @@ _PLACED: dict = {}
 
 class TableWriter:
     """Appends ops' rows (and GEMM shapes) in node order; `array(edges)` is the block's table. The
-    builder's methods take what it knows of an op; `op` derives the same from any Op."""
-    __slots__ = ("rows", "gemms")
+    builder's methods take what it knows of an op; `op` derives the same from any Op. `transfers` and
+    `left_out`: the node ids of the TRANSFER and LEFT_OUT rows, in order (perf: noted as written, so
+    the replay reads a block's transfers without a pass over every row)."""
+    __slots__ = ("rows", "gemms", "transfers", "left_out")
 
     def __init__(self):
         self.rows: list = []
         self.gemms: list = []
+        self.transfers: list = []
+        self.left_out: list = []
+
+    def _other(self, code: int, place, kind) -> None:
+        """A TRANSFER or LEFT_OUT row (no value), its node id noted."""
+        (self.transfers if code == TRANSFER else self.left_out).append(len(self.rows) // ROW_WIDTH)
+        self.rows += (code, 0.0, place, kind)
 
     # a compute kernel on rank 0's compute stream, without a measured duration
     def gemm(self, m, n, k, batch, dtype_bytes, place=_COMPUTE_PLACE, kind=_COMPUTE_KIND) -> None:
@@ -83,17 +92,20 @@ class TableWriter:
             self.rows += (GEMM, len(self.gemms) // GEMM_WIDTH, place, kind)
             self.gemms += (m, n, k, batch, dtype_bytes)
         else:
-            self.rows += (LEFT_OUT, 0.0, place, kind)
+            self._other(LEFT_OUT, place, kind)
 
     def attention(self, flops, phase, variant: str, place=_COMPUTE_PLACE, kind=_COMPUTE_KIND) -> None:
         if type(flops) in _NUMBERS:
             code = ATTENTION + (BACKWARD if phase in _BACKWARD_PHASES else 0) + (FA2 if variant == "fa2" else 0)
             self.rows += (code, flops, place, kind)
         else:
-            self.rows += (LEFT_OUT, 0.0, place, kind)
+            self._other(LEFT_OUT, place, kind)
 
     def memory(self, nbytes, place=_COMPUTE_PLACE, kind=_COMPUTE_KIND) -> None:
-        self.rows += (MEMORY, nbytes, place, kind) if type(nbytes) in _NUMBERS else (LEFT_OUT, 0.0, place, kind)
+        if type(nbytes) in _NUMBERS:
+            self.rows += (MEMORY, nbytes, place, kind)
+        else:
+            self._other(LEFT_OUT, place, kind)
 
     def placed(self, code: int, stream, kind: OpKind, group: GroupKind | None) -> None:
         """An op that is not a compute kernel (a TRANSFER, or a LEFT_OUT copy) on rank 0."""
@@ -101,6 +113,7 @@ class TableWriter:
         row = _PLACED.get(key)
         if row is None:    # perf: a few distinct rows (streams x kinds x groups), each built once
             row = _PLACED[key] = (code, 0.0, stream_code(stream), kind_group(kind, group))
+        (self.transfers if code == TRANSFER else self.left_out).append(len(self.rows) // ROW_WIDTH)
         self.rows += row
 
     def op(self, op) -> None:
@@ -112,7 +125,7 @@ class TableWriter:
             kg, rank, code = -1, 0, 0
         place = rank * STREAMS_PER_RANK + code
         if op.duration_s is not None:
-            self.rows += (LEFT_OUT, 0.0, place, kg)
+            self._other(LEFT_OUT, place, kg)
         elif kind is _COMPUTE:
             kernel, shape = op.kernel, op.shape
             if kernel is _GEMM and len(shape) >= 3:
@@ -122,9 +135,9 @@ class TableWriter:
             elif kernel is _MEMORY:
                 self.memory(op.bytes, place, kg)
             else:
-                self.rows += (LEFT_OUT, 0.0, place, kg)
+                self._other(LEFT_OUT, place, kg)
         else:
-            self.rows += (TRANSFER if kind in _TRANSFERS else LEFT_OUT, 0.0, place, kg)
+            self._other(TRANSFER if kind in _TRANSFERS else LEFT_OUT, place, kg)
 
     @classmethod
     def of(cls, ops) -> "TableWriter":

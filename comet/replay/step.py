@@ -11,7 +11,7 @@ import numpy as np
 from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, StepGraph
 from comet.replay import cache, periodic, pipeline
-from comet.replay.blocks import BlockTiming, time_block
+from comet.replay.blocks import BlockTiming, time_blocks
 from comet.replay.contention import dp_nic_rate
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
@@ -132,7 +132,7 @@ def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_
     """Every block of the graph timed on the cluster, and the identity key of those BlockTimings (names
     and the shared objects: clusters that time a block alike share the object) for the caches below."""
     def timed() -> tuple[dict, tuple]:
-        blocks = {k: time_block(g, cluster, precision, keep_replays) for k, g in graph.blocks.items()}
+        blocks = time_blocks(graph.blocks, cluster, precision, keep_replays)
         return blocks, (tuple(blocks), cache.objects_key(tuple(blocks.values())))
 
     if keep_replays:

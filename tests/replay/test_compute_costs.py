@@ -20,7 +20,7 @@ from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Reco
 from comet.errors import ConfigError
 from comet.graph.block import block_lists, block_table
 from comet.graph.ir import KernelClass, Op, OpKind, Phase
-from comet.graph.op_table import TableWriter
+from comet.graph.op_table import CODE, LEFT_OUT, ROW_WIDTH, TRANSFER, TableWriter
 from comet.hardware.compute import compute_op_time_s
 from comet.replay import blocks, cache, compute_costs
 from comet.replay.timing import timed_s
@@ -128,6 +128,10 @@ def test_every_op_of_every_shipped_model(name):
             ops, _ = block_lists(g)
             written, derived = block_table(g), TableWriter.of(ops)
             assert (written.rows, written.gemms) == (derived.rows, derived.gemms), key
+            # the node ids noted as written: every TRANSFER and LEFT_OUT row, in order
+            codes = written.rows[CODE::ROW_WIDTH]
+            assert written.transfers == derived.transfers == [i for i, c in enumerate(codes) if c == TRANSFER], key
+            assert written.left_out == derived.left_out == [i for i, c in enumerate(codes) if c == LEFT_OUT], key
             for cluster in CLUSTERS:
                 if precision not in cluster.gpu.peak_tflops:
                     continue
@@ -135,7 +139,7 @@ def test_every_op_of_every_shipped_model(name):
                 compiled_ops += sum(not math.isnan(t) for t in times)
                 cache.clear()
                 sig = cache.block_signature(g)
-                every, array = blocks._durations(blocks._table(g, sig), sig, cluster, precision)
+                every, array = blocks._durations(blocks._table(g, sig), sig, blocks._Context(cluster, precision))
                 expected = [timed_s(op, cluster, precision) for op in ops]
                 assert list(every) == expected, key
                 assert array.tolist() == expected, key
@@ -152,7 +156,7 @@ def test_durations_with_and_without_numba_agree(monkeypatch, h100, tiny_model):
         got = {}
         for k, g in build_blocks(tiny_model, par).items():
             sig = cache.block_signature(g)
-            got[k] = blocks._durations(blocks._table(g, sig), sig, h100, "bf16")[0]
+            got[k] = blocks._durations(blocks._table(g, sig), sig, blocks._Context(h100, "bf16"))[0]
         assert expected.setdefault("durations", got) == got
     cache.clear()
 
