@@ -269,6 +269,14 @@ def _pop(h, base, size) -> int:
     return last
 
 
+@njit(inline="always")
+def _ints(w, k, size, fill):
+    """w[k:k + size] set to `fill`, and the next offset."""
+    v = w[k:k + size]
+    v[:] = fill
+    return v, k + size
+
+
 # ------------------------------------------------------------------------------------ the engine
 @njit(cache=True, nogil=True)
 def replay_arrays(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, overlap_slowdown: float):
@@ -303,7 +311,6 @@ def _replay(structure, delay, dur, overlap_slowdown):
     rank = structure[o + n:o + 2 * n]
     flags = structure[o + 2 * n:o + 3 * n]
     topo = structure[o + 3 * n:o + 4 * n]
-    indeg = structure[o + 4 * n:o + 5 * n].copy()
     cat = structure[o + 5 * n:o + 6 * n]
     group = structure[o + 6 * n:o + 7 * n]
     o += 7 * n
@@ -313,50 +320,54 @@ def _replay(structure, delay, dur, overlap_slowdown):
     group_ptr = structure[o:o + n_groups + 1]
     members = structure[o + n_groups + 1:o + n_groups + 1 + n_members]
 
-    ready_t = np.zeros(n)
-    start = np.zeros(n)
-    end = np.zeros(n)
-    arrive = np.zeros(n)
-    binding = np.full(n, -1, dtype=np.int64)
-    version = np.zeros(n, dtype=np.int64)
+    # perf: the state arrays are views of one integer and one float allocation (~40 arrays allocated
+    # apart cost ~1 us a replay); each is initialized as np.zeros / np.full would
+    iw = np.empty(7 * n + 4 * n_ranks + n_groups + 5 * n_res + 1, dtype=np.int64)
+    k = 0
+    binding, k = _ints(iw, k, n, -1)
+    version, k = _ints(iw, k, n, 0)
     # a running compute op (overlap slowdown): remaining work, rate, since, version
-    rem = np.zeros(n)
-    rate_of = np.zeros(n)
-    since = np.zeros(n)
-    ver = np.zeros(n, dtype=np.int64)
+    ver, k = _ints(iw, k, n, 0)
     # per rank, the compute ops running, in the order they started (a doubly linked list)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prv = np.full(n, -1, dtype=np.int64)
-    linked = np.zeros(n, dtype=np.bool_)
-    head = np.full(n_ranks, -1, dtype=np.int64)
-    tail = np.full(n_ranks, -1, dtype=np.int64)
-    comm_active = np.zeros(n_ranks, dtype=np.int64)
-    arrived = np.zeros(n_groups, dtype=np.int64)
-    busy = np.zeros(n_res, dtype=np.bool_)
-    last_on_res = np.full(n_res, -1, dtype=np.int64)
+    nxt, k = _ints(iw, k, n, -1)
+    prv, k = _ints(iw, k, n, -1)
+    linked, k = _ints(iw, k, n, 0)               # 0 / 1
+    head, k = _ints(iw, k, n_ranks, -1)
+    tail, k = _ints(iw, k, n_ranks, -1)
+    comm_active, k = _ints(iw, k, n_ranks, 0)
+    arrived, k = _ints(iw, k, n_groups, 0)
+    busy, k = _ints(iw, k, n_res, 0)             # 0 / 1
+    last_on_res, k = _ints(iw, k, n_res, -1)
     # ready queues: resource r's heap lives in q[lo[r]:lo[r+1]] (each op is queued once)
-    lo = np.zeros(n_res + 1, dtype=np.int64)
+    lo, k = _ints(iw, k, n_res + 1, 0)
     for i in range(n):
         lo[resource[i] + 1] += 1
     for r in range(n_res):
         lo[r + 1] += lo[r]
-    q = np.empty((n, 5))
-    qsize = np.zeros(n_res, dtype=np.int64)
+    qsize, k = _ints(iw, k, n_res, 0)
     # events: n ready + n finish + one per running compute op at each of at most 2 re-timings per
     # communication op (its rank's transfers going from none to some, and back)
-    compute_streams = np.zeros(n_ranks, dtype=np.int64)
-    seen_res = np.zeros(n_res, dtype=np.bool_)
+    compute_streams, k = _ints(iw, k, n_ranks, 0)
+    seen_res, k = _ints(iw, k, n_res, 0)         # 0 / 1
+    indeg = iw[k:k + n]
+    indeg[:] = structure[_HEADER + 4 * n:_HEADER + 5 * n]
     n_comm = 0
     for i in range(n):
         if flags[i] & 2 != 0:
             n_comm += 1
-        if flags[i] & 1 != 0 and not seen_res[resource[i]]:
-            seen_res[resource[i]] = True
+        if flags[i] & 1 != 0 and seen_res[resource[i]] == 0:
+            seen_res[resource[i]] = 1
             compute_streams[rank[i]] += 1
     most = 0
     for r in range(n_ranks):
         most = max(most, compute_streams[r])
-    ev = np.empty((2 * n + 2 * n_comm * most + 1, 5))
+    n_events = 2 * n + 2 * n_comm * most + 1
+    fw = np.empty(7 * n + 5 * n + 5 * n_events)
+    fw[:7 * n] = 0.0
+    ready_t, start, end, arrive = fw[:n], fw[n:2 * n], fw[2 * n:3 * n], fw[3 * n:4 * n]
+    rem, rate_of, since = fw[4 * n:5 * n], fw[5 * n:6 * n], fw[6 * n:7 * n]
+    q = fw[7 * n:12 * n].reshape((n, 5))
+    ev = fw[12 * n:].reshape((n_events, 5))
     size = 0
     seq = 0
     slow = 1.0 / (1.0 + overlap_slowdown)
@@ -384,7 +395,7 @@ def _replay(structure, delay, dur, overlap_slowdown):
             done += 1
             r = rank[i]
             if linked[i]:    # a compute op running under the overlap slowdown
-                linked[i] = False
+                linked[i] = 0
                 if prv[i] >= 0:
                     nxt[prv[i]] = nxt[i]
                 else:
@@ -399,7 +410,7 @@ def _replay(structure, delay, dur, overlap_slowdown):
                     size, seq = _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slow,
                                         ev, size, seq)
             res = resource[i]
-            busy[res] = False
+            busy[res] = 0
             for e in range(succ_ptr[i], succ_ptr[i + 1]):
                 s = succ_idx[e]
                 rt = t + delay[e]
@@ -415,7 +426,7 @@ def _replay(structure, delay, dur, overlap_slowdown):
             continue
         qsize[res] = _pop(q, lo[res], qsize[res])
         i = int(q[lo[res] + qsize[res], 3])
-        busy[res] = True
+        busy[res] = 1
         arrive[i] = t
         prev = last_on_res[res]
         if prev >= 0 and end[prev] >= ready_t[i]:
@@ -441,7 +452,7 @@ def _replay(structure, delay, dur, overlap_slowdown):
             rate_of[i] = rate
             since[i] = t
             ver[i] = 0
-            linked[i] = True
+            linked[i] = 1
             prv[i] = tail[r]
             nxt[i] = -1
             if tail[r] >= 0:
@@ -625,10 +636,11 @@ def exposure(start, end, cat, makespan):
     n = start.shape[0]
     order = _by_span(start, end)
     size = 2 * n + 1
-    ca, cb = np.empty(size), np.empty(size)       # covered so far
-    ma, mb = np.empty(size), np.empty(size)       # one category's spans
-    ea, eb = np.empty(size), np.empty(size)       # their exposed part
-    ta, tb = np.empty(size), np.empty(size)       # the next covered
+    w = np.empty(8 * size)                        # perf: one allocation for the eight interval buffers
+    ca, cb = w[:size], w[size:2 * size]           # covered so far
+    ma, mb = w[2 * size:3 * size], w[3 * size:4 * size]   # one category's spans
+    ea, eb = w[4 * size:5 * size], w[5 * size:6 * size]   # their exposed part
+    ta, tb = w[6 * size:7 * size], w[7 * size:]           # the next covered
     parts = np.zeros(_N_PARTS)
     mc = _union_of(order, start, end, cat, _COMPUTE, ca, cb)
     parts[0] = _length(ca, cb, mc)
