@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from comet.config.model import ModelSpec
-from comet.config.parallel import OffloadTarget, ParallelConfig, Precision
+from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, SelectivePolicy
 from comet.graph.block import Block, chain_edges
 from comet.graph.op_table import LEFT_OUT, TRANSFER, TableWriter
 from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
@@ -513,8 +513,7 @@ def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
     recomputes its scores inside the backward kernel); plus Megatron-Core's recompute modules."""
-    from comet.config.parallel import Recompute, SelectivePolicy
-    from comet.workload.recompute_modules import add_recompute_ops
+    from comet.workload.recompute_modules import add_recompute_ops   # (it imports this module)
     if par.recompute is Recompute.FULL:
         return forward(model, par, phase=Phase.RECOMPUTE)
     if par.recompute is Recompute.SELECTIVE and par.selective_policy is not SelectivePolicy.ATTENTION:
@@ -530,7 +529,6 @@ def _policy_recompute(model: ModelSpec, par: ParallelConfig, policy) -> nx.DiGra
     """The forward work a framework's selective policy re-runs before the layer's backward (see
     comet.workload.memory._policy_saved_bytes for what each keeps). op_sac: the norms, the recomputed
     mm's wk (kv wide), wo and w3 (f wide) and the activation; save_qkv: everything after the QKV GEMM."""
-    from comet.config.parallel import SelectivePolicy
     D = Dims.of(model, par)
     bb = BlockBuilder(Phase.RECOMPUTE, par, model)
     x = norm(bb, D, "input_norm", [])
