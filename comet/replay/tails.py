@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
-from comet.graph.ir import OpKind, StepGraph
+from comet.graph.ir import Collective, OpKind, StepGraph
+from comet.hardware.network import collective_time_s
 from comet.replay import cache
 from comet.replay.contention import serial_shared
 from comet.replay.kernels import HAVE_NUMBA
@@ -77,23 +78,26 @@ def _stage_groups_shared(graph: StepGraph) -> StageGroups:
                               lambda: _stage_groups(graph))
 
 
-def _early_gathers(graph: StepGraph, groups: StageGroups, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
-    chunk's first forward waits for the buckets holding its first layer. Returns (release of each
-    (stage, chunk)'s first forward, end of each stage's gathers); `events`: per stage, the gathers'
-    (name, start, end) appended (the timeline's), or None."""
+def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, events: list | None = None) -> tuple:
+    """What the step's once-per-step collectives give each stage group, in one pass over the groups:
+    (release of each (stage, chunk)'s first forward, end of each stage's parameter gathers at the start
+    of the step, each group's first gradient bucket's seconds (0: none), each tied-embedding
+    all-reduce's seconds (stages in increasing order)). Parameter all-gathers issued at the start of
+    the step overlap the first forwards: each chunk's first forward waits for the buckets holding its
+    first layer. `events`: per stage, the gathers' (name, start, end) appended (the timeline's), or
+    None. perf (i20s-step): one pass (two before), and the collectives timed by _collective_op_s."""
     plan = graph.plan
-    pp, vpp = plan.pp, plan.vpp
+    pp, vpp, chunk_layers = plan.pp, plan.vpp, plan.chunk_layers
     # perf (i18s-step): stages of a group have the same gathers: one row per group in Python floats,
     # spread to the stages in one take each (an indexed store per group and bucket set before)
-    release_of, end_of = [], []
+    release_of, end_of, bucket_s = [], [], []
     for rows, s0, st in zip(groups.rows, groups.first, groups.syncs):
         release = [0.0] * vpp
         clock = 0.0
         if st.param_gathers and st.gather_before_forward:
             for bs in st.param_gathers:
-                d = t(bs.op)
-                first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s0], 1))
+                d = _collective_op_s(bs.op, t, cluster)
+                first_layer = -(-bs.count // max(chunk_layers[bs.chunk * pp + s0], 1))
                 release[bs.chunk] = clock + first_layer * d
                 if events is not None:
                     for s in rows:
@@ -102,15 +106,25 @@ def _early_gathers(graph: StepGraph, groups: StageGroups, t, events: list | None
                 clock += bs.count * d
         release_of.append(release)
         end_of.append(clock)
-    return groups.per_stage(release_of), groups.per_stage(end_of)
+        bucket_s.append(_collective_op_s(st.grad_buckets[0].op, t, cluster) if st.grad_buckets else 0.0)
+    stages = graph.stages
+    emb_s = [_collective_op_s(stages[s].embedding_sync, t, cluster) for s in groups.embedding]
+    return (groups.per_stage(release_of), groups.per_stage(end_of), np.array(bucket_s, dtype=float),
+            np.array(emb_s, dtype=float))
 
 
-def _sync_collective_s(graph: StepGraph, groups: StageGroups, t) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
-    all-reduce (stages in increasing order): what tail_kernels.stage_tails reads of the network."""
-    bucket_s = np.array([t(st.grad_buckets[0].op) if st.grad_buckets else 0.0 for st in groups.syncs], dtype=float)
-    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in groups.embedding], dtype=float)
-    return bucket_s, emb_s
+_COLLECTIVE, _ALL_REDUCE = OpKind.COLLECTIVE, Collective.ALL_REDUCE
+
+
+def _collective_op_s(op, t, cluster: ClusterSpec) -> float:
+    """t(op) (replay.timing.timed_s: the measured duration, else the cost model) for a step sync op.
+    perf (i20s-step): a modelled collective goes to network.collective_time_s directly (the
+    arithmetic timing.collective_s caches, the same float): a sync collective's seconds are kept by
+    the sync-times entry (replay_step), so the per-transfer key, look-up and insert bought nothing."""
+    if op.kind is _COLLECTIVE and op.duration_s is None:
+        return collective_time_s(op.collective or _ALL_REDUCE, op.msg_bytes, op.group_size, op.group_stride, cluster,
+                                 op.flat_ring)
+    return t(op)
 
 
 @dataclass
@@ -127,7 +141,8 @@ class StageTail:
 
 class StageTails(Sequence):
     """Every stage's tail as arrays (pp,), a StageTail built per access (a timeline, a test): the step
-    reads the arrays."""
+    reads the arrays. Read-only by convention (`end` may be `optimizer_end` itself)."""
+    __slots__ = ("adam", "compute_end", "end", "events", "offload", "optimizer_end", "optimizer_start", "partner_wait")
 
     def __init__(self, compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait,
                  events: list | None):
@@ -152,7 +167,7 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
            blocks_key: tuple, sync_s: list | None = None) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
     (name, start, end) so far, extended here (for the timeline); None: not recorded. `sync_s`:
-    _sync_collective_s of this graph and network, where known."""
+    _sync_times' last two of this graph and network, where known."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
@@ -163,10 +178,10 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
         group_of, terms, group_i, emb = statics.fused
-        in_order, optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
-            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms, group_i, sync_s[0], emb,
-            sync_s[1], adam, link)
+        in_order, out = stage_tails(last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms, group_i,
+                                    sync_s[0], emb, sync_s[1], adam, link)
         if in_order:
+            optimizer_start, optimizer_end, partner_wait, offload = out
             return StageTails(summary.compute_end, optimizer_start, optimizer_end,
                               _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
@@ -237,6 +252,10 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
 def _after_optimizer(statics: _TailStatics, optimizer_end: np.ndarray, t, events: list | None) -> np.ndarray:
     """Each stage's end: parameter all-gathers issued after the optimizer (not overlapped with the next
     step's first forwards) follow it."""
+    if not statics.gathers_after:
+        # perf (i20s-step): no parameter gathers after the optimizer (every ZeRO-0 configuration, and
+        # overlapped gathers): each stage ends with its optimizer, no copy and no walk over the groups
+        return optimizer_end
     end = optimizer_end.copy()
     for rows, _, st, _ in statics.groups:
         if st.gather_before_forward:
@@ -279,11 +298,13 @@ class _TailStatics:
     chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync.
     Read-only by convention (shared from cache.facts); perf (i18s-step): a slotted class, not a frozen
     dataclass (a setattr call per field)."""
-    __slots__ = ("adam", "emb", "fused", "groups", "link")
+    __slots__ = ("adam", "emb", "fused", "gathers_after", "groups", "link")
 
     def __init__(self, adam: np.ndarray, link: np.ndarray, groups: tuple, emb: tuple, fused: tuple | None = None):
         self.adam, self.link, self.groups, self.emb = adam, link, groups, emb
         self.fused = fused   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
+        # whether some stage gathers parameters after its optimizer (_after_optimizer)
+        self.gathers_after = any(st.param_gathers and not st.gather_before_forward for _, _, st, _ in groups)
 
 
 def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | None:

@@ -178,7 +178,7 @@ def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
     rate = np.where(rng.random(pp) < 0.3, 1.0, rng.uniform(0.5, 1, pp))
     emb = np.sort(rng.choice(pp, size=min(pp, data.draw(st.integers(0, 2))), replace=False)).astype(np.int64)
     emb_dur, adam, link = rng.uniform(0, 0.2, len(emb)), rng.uniform(0, 1, pp), rng.uniform(0, 1.5, pp)
-    in_order, *got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, terms, group_i,
+    in_order, got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, terms, group_i,
                                               g_dur, emb, emb_dur, adam, link)
     assert in_order == all(bool((o[1:] >= o[:-1]).all()) for o in offsets)
     if not in_order:
