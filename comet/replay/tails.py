@@ -53,12 +53,15 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
     # groups, their order and their stages are the per-stage loop's (tests/replay/test_stage_work.py).
     # perf (i18s-step): runs found by comparing each stage with its run's first, no role tuple per stage;
     # a group's stages an arange where they are one run: pp 64, 18.6 -> 9.3 us
+    # perf (i20s-step): a run's ends found in one comprehension over neighbours (alike is transitive:
+    # alike to the previous stage is alike to the run's first), a run broken after the first stage and
+    # before the last; pp 64: ~30% less
+    ends = [s for s in range(2, pp - 1) if stages[s] is not stages[s - 1] or per_stage[s] != per_stage[s - 1]]
+    ends = ([1] if pp > 1 else []) + ends + ([pp - 1] if pp > 2 else []) + [pp]
     group_of: dict = {}
     runs, run_group, run_length = [], [], []
     start = 0
-    for s in range(1, pp + 1):
-        if s < pp and s != 1 and s != pp - 1 and stages[s] is stages[start] and per_stage[s] == per_stage[start]:
-            continue
+    for s in ends:
         g = group_of.setdefault((id(stages[start]), start == 0, s == pp, per_stage[start]), len(runs))
         if g == len(runs):
             runs.append([])
