@@ -116,18 +116,20 @@ def sorted_bucket_stream_end(last_b_start: np.ndarray, rows: np.ndarray, chunk_o
 
 @njit(cache=True, nogil=True)
 def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: np.ndarray, rate: np.ndarray,
-                group_of: np.ndarray, terms: np.ndarray, group_i: np.ndarray, g_dur: np.ndarray,
-                emb: np.ndarray, emb_dur: np.ndarray, adam: np.ndarray, link: np.ndarray):
+                group_of: np.ndarray, group_i: np.ndarray, group_f: np.ndarray, g_dur: np.ndarray,
+                emb: np.ndarray, emb_dur: np.ndarray):
     """Every stage's tail in one pass, where each stage's gradient buckets are one chunk's equal buckets
-    ready in bucket order (group g of stage s = group_of[s], -1: no buckets; terms[g] = (head,
-    per_layer, all_compute) of tails._bucket_ready_terms and group_i[g] = (chunk, count, layers,
-    progressive) give the offsets of tails.bucket_ready_offsets; g_dur[g] a bucket's seconds): the DP
-    stream on the shared port (_port_end's arithmetic), the tied-embedding all-reduce of stages `emb`
-    (it starts when both ends are ready), the optimizer (tails._tails' arithmetic, in the same order).
-    Returns (in bucket order, rows (optimizer_start, optimizer_end, partner_wait, offload) per stage);
-    where a group's buckets are not ready in bucket order, (False, an empty table) and the caller takes
-    the generic path. perf (i20s-step): one table returned, one work table for the lanes below (each
-    array a kernel allocates or returns costs ~0.1-0.3 us)."""
+    ready in bucket order. Stage s is in group g = group_of[s]; group_i[g] = (chunk, count, layers,
+    progressive) (count 0: no buckets) and group_f[g] = (head, per_layer, all_compute, optimizer
+    seconds, host-link seconds), the first three tails._bucket_ready_terms' (they give the offsets of
+    tails.bucket_ready_offsets); g_dur[g] a bucket's seconds. The DP stream on the shared port
+    (_port_end's arithmetic), the tied-embedding all-reduce of stages `emb` (it starts when both ends
+    are ready), the optimizer (tails._tails' arithmetic, in the same order).
+    Returns (in bucket order, rows (optimizer_start, optimizer_end, partner_wait, offload, optimizer
+    seconds) per stage); where a group's buckets are not ready in bucket order, (False, an empty table)
+    and the caller takes the generic path. perf (i20s-step): one table returned, one work table for the
+    lanes below (each array a kernel allocates or returns costs ~0.1-0.3 us), the per-group optimizer
+    seconds spread to the stages here (a numpy take per graph before)."""
     pp = compute_end.shape[0]
     groups = group_i.shape[0]
     buckets = 0
@@ -140,10 +142,10 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
     for g in range(groups):
         count = group_i[g, 1]
         for k in range(count):
-            offsets[g, k] = _ready_offset(k, count, terms[g, 0], terms[g, 1], terms[g, 2], group_i[g, 2],
+            offsets[g, k] = _ready_offset(k, count, group_f[g, 0], group_f[g, 1], group_f[g, 2], group_i[g, 2],
                                           group_i[g, 3] != 0)
             if k > 0 and offsets[g, k] < offsets[g, k - 1]:
-                return False, np.empty((4, 0))
+                return False, np.empty((5, 0))
     dp_end = gather_end.copy()
     # perf (i16g-glue): the stream of one stage is a chain of dependent float operations (latency-bound,
     # ~5 ns a bucket); walking the buckets outside and the stages inside runs the stages' independent
@@ -155,7 +157,7 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
     # are divided once per stage.
     first = np.zeros(groups + 1, dtype=np.int64)      # group g's lanes: first[g]..first[g + 1]
     for s in range(pp):
-        if group_of[s] >= 0:
+        if group_i[group_of[s], 1] > 0:
             first[group_of[s] + 1] += 1
     for g in range(groups):
         first[g + 1] += first[g]
@@ -164,7 +166,7 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
     fill = first[:groups].copy()
     for s in range(pp):
         g = group_of[s]
-        if g >= 0:
+        if group_i[g, 1] > 0:
             stage[fill[g]] = s
             fill[g] += 1
     work = np.empty((5, lanes))
@@ -197,8 +199,8 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
                 g_prev[i] = within if need <= done_in_window else after
     for i in range(lanes):
         dp_end[stage[i]] = prev[i]
-    out = np.empty((4, pp))
-    optimizer_start, optimizer_end, partner_wait, offload = out[0], out[1], out[2], out[3]
+    out = np.empty((5, pp))
+    optimizer_start, optimizer_end, partner_wait, offload, adam = out[0], out[1], out[2], out[3], out[4]
     partner_wait[:] = 0.0
     if emb.shape[0] > 0:
         both = -np.inf
@@ -213,7 +215,8 @@ def stage_tails(last_b_start: np.ndarray, compute_end: np.ndarray, gather_end: n
             partner_wait[s] = both - ready
             dp_end[s] = both + emb_dur[i]
     for s in range(pp):
-        extra = link[s] - adam[s]
+        adam[s] = group_f[group_of[s], 3]
+        extra = group_f[group_of[s], 4] - adam[s]
         offload[s] = extra if extra > 0.0 else 0.0
         optimizer_start[s] = compute_end[s] if compute_end[s] >= dp_end[s] else dp_end[s]
         optimizer_end[s] = optimizer_start[s] + adam[s] + offload[s]

@@ -176,17 +176,17 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
     statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
-    adam, link = statics.adam, statics.link
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
-        group_of, terms, group_i, emb = statics.fused
-        in_order, out = stage_tails(last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms, group_i,
-                                    sync_s[0], emb, sync_s[1], adam, link)
+        group_i, group_f, emb = statics.fused
+        in_order, out = stage_tails(last_b_start, summary.compute_end, gather_end, dp_rate, groups.index, group_i,
+                                    group_f, sync_s[0], emb, sync_s[1])
         if in_order:
-            optimizer_start, optimizer_end, partner_wait, offload = out
+            optimizer_start, optimizer_end, partner_wait, offload, adam = out
             return StageTails(summary.compute_end, optimizer_start, optimizer_end,
                               _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
+    adam, link = statics.per_stage(groups)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
@@ -301,37 +301,41 @@ class _TailStatics:
     chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync.
     Read-only by convention (shared from cache.facts); perf (i18s-step): a slotted class, not a frozen
     dataclass (a setattr call per field)."""
-    __slots__ = ("adam", "emb", "fused", "gathers_after", "groups", "link")
+    __slots__ = ("adam_link", "emb", "fused", "gathers_after", "groups")
 
-    def __init__(self, adam: np.ndarray, link: np.ndarray, groups: tuple, emb: tuple, fused: tuple | None = None):
-        self.adam, self.link, self.groups, self.emb = adam, link, groups, emb
-        self.fused = fused   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
+    def __init__(self, adam_link: list, groups: tuple, emb: tuple, fused: tuple | None = None):
+        self.adam_link = adam_link   # per group (optimizer seconds, host-link seconds)
+        self.groups, self.emb = groups, emb
+        self.fused = fused   # tail_kernels.stage_tails' per-group inputs, where it applies
         # whether some stage gathers parameters after its optimizer (_after_optimizer)
         self.gathers_after = any(st.param_gathers and not st.gather_before_forward for _, _, st, _ in groups)
 
+    def per_stage(self, groups: StageGroups) -> np.ndarray:
+        """Per stage (optimizer seconds, host-link seconds): rows of one table, each contiguous (the
+        generic path's; the fused kernel spreads them itself)."""
+        return np.take(np.array(self.adam_link, dtype=float).T, groups.index, axis=1)
 
-def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | None:
-    """tail_kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
-    buckets), per group the readiness terms of its buckets (head, per layer, whole backward: see
-    _bucket_ready_terms) and (chunk, buckets, layers, progressive), the tied-embedding stages; None
-    where a group's buckets span several sets (the generic path sorts them)."""
-    bucket_group, terms_g, ints_g = [], [], []
-    for g, (st, terms) in enumerate(zip(groups.syncs, terms_of)):
+
+def _fused_statics(groups: StageGroups, terms_of: list, adam_link: list, emb: tuple) -> tuple | None:
+    """tail_kernels.stage_tails' inputs that the network does not change: per group (chunk, buckets,
+    layers, progressive) (0 buckets: none) and (the readiness terms of its buckets: head, per layer,
+    whole backward, see _bucket_ready_terms; the optimizer's and host link's seconds), the
+    tied-embedding stages; None where a group's buckets span several sets (the generic path sorts
+    them). Each stage's group is groups.index."""
+    floats, ints = [], []
+    for st, terms, (adam, link) in zip(groups.syncs, terms_of, adam_link):
         if not st.grad_buckets:
-            bucket_group.append(-1)
-            terms_g.append((0.0, 0.0, 0.0))
-            ints_g.append((0, 0, 0, 0))
+            floats.append((0.0, 0.0, 0.0, adam, link))
+            ints.append((0, 0, 0, 0))
             continue
         if terms is None:
             return None
         bs = st.grad_buckets[0]
-        bucket_group.append(g)
-        terms_g.append(terms[:3])
-        ints_g.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
+        floats.append((terms[0], terms[1], terms[2], adam, link))
+        ints.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
     # perf (i18s-step): the kernel computes the ready offsets from these terms (a table of
     # _ready_offsets was built here: ~30 small numpy calls)
-    return (np.array(bucket_group, dtype=np.int64)[groups.index], np.array(terms_g, dtype=float),
-            np.array(ints_g, dtype=np.int64), np.array(emb, dtype=np.int64))
+    return np.array(ints, dtype=np.int64), np.array(floats, dtype=float), np.array(emb, dtype=np.int64)
 
 
 def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -341,7 +345,7 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
     precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
     differ in their network share it."""
     def build() -> _TailStatics:
-        adam_of, link_of, rows_of, terms_of, layer_s = [], [], [], [], {}
+        adam_link, rows_of, terms_of, layer_s = [], [], [], {}
         for stages, s0, st in zip(groups.rows, groups.first, groups.syncs):
             adam = link = 0     # the sums start at 0, as sum() does
             for op in st.optimizer:
@@ -349,17 +353,13 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
                     adam += t(op)
                 elif op.kind is OpKind.MEMCPY:
                     link += t(op)
-            adam_of.append(adam)
-            link_of.append(link)
+            adam_link.append((adam, link))
             terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0], layer_s) if len(st.grad_buckets) == 1
                      else None)
             rows_of.append((stages, s0, st, terms))
             terms_of.append(terms)
         emb = groups.embedding
-        # perf (i18s-step): both per-stage arrays in one take (rows of one table, each contiguous)
-        adam, link = np.take(np.array((adam_of, link_of), dtype=float), groups.index, axis=1)
-        adam.flags.writeable = link.flags.writeable = False
-        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(groups, terms_of, emb))
+        return _TailStatics(adam_link, tuple(rows_of), emb, _fused_statics(groups, terms_of, adam_link, emb))
 
     # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
     # batch, and the plan's layer split), not by the graph object
