@@ -69,10 +69,15 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
         run_group.append(g)
         run_length.append(s - start)
         start = s
-    rows = [np.arange(r[0].start, r[0].stop) if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
+    # perf (i20s-step): a one-run group's stages a view of one arange, the stage -> group index one
+    # array from a list (an arange per group and a repeat before: numpy calls cost ~2 us each cold)
+    ar = np.arange(pp)
+    rows = [ar[r[0].start:r[0].stop] if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
     first = [r[0].start for r in runs]
-    return StageGroups(rows, first, [stages[f] for f in first],
-                       np.repeat(np.array(run_group, dtype=np.int64), run_length))
+    index = []
+    for g, n in zip(run_group, run_length):
+        index += [g] * n
+    return StageGroups(rows, first, [stages[f] for f in first], np.array(index, dtype=np.int64))
 
 
 def _stage_groups_shared(graph: StepGraph) -> StageGroups:
@@ -362,10 +367,12 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
         return _TailStatics(adam_link, tuple(rows_of), emb, _fused_statics(groups, terms_of, adam_link, emb))
 
     # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
-    # batch, and the plan's layer split), not by the graph object
+    # batch, and the plan's layer split), not by the graph object. perf (i20s-step): the stage syncs and
+    # the split (pp, vpp, layers) through the StageGroups object, which the "stage groups" entry keeps
+    # per (stage syncs, pp, vpp, layers): one identity, not the 64-entry split hashed again
     plan = graph.plan
-    key = ("tail statics", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers, plan.recompute_layers,
-           plan.chunk_layer_kinds, blocks_key, compute_key)
+    key = ("tail statics", cache.object_key(groups), plan.recompute_layers, plan.chunk_layer_kinds, blocks_key,
+           compute_key)
     return cache.facts.get_or(key, build)
 
 

@@ -114,7 +114,8 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> Stage
                            phase=_BACKWARD, comm_id="embedding.grad_all_reduce")
     zero = par.zero
     opt_params = params / (par.dp * par.cp if zero >= 1 else 1)
-    opt_params += expert_params / (par.expert_dp if zero >= 1 else 1)
+    if expert_params:   # (adding 0.0 leaves a non-negative count as it is)
+        opt_params += expert_params / (par.expert_dp if zero >= 1 else 1)
     optimizer = [Op.unchecked("optimizer.adam", _COMPUTE_OP, stream=COMPUTE_STREAM, kernel=KernelClass.MEMORY,
                               bytes=opt_params * ADAM_STEP_BYTES, phase=_OPTIMIZER)]
     if OffloadTarget.OPTIMIZER in par.offload:
