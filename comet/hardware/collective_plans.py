@@ -105,12 +105,14 @@ def _allowed(dim, algo: CollectiveAlgorithm) -> bool:
 def _rates(views: list, kind: str) -> tuple:
     """Per view (plateau rate, half-efficiency bytes) of `kind` traffic, and the slowest plateau (the
     first smallest, as _DimView.rates' callers pick it)."""
-    rates = tuple((v.plateau(kind), v.dim.half_efficiency_bytes) for v in views)
-    slowest = rates[0][0]
-    for p, _ in rates[1:]:
-        if p < slowest:
+    # perf (i20s-step): one loop, no generator
+    rates, slowest = [], None
+    for v in views:
+        p = v.plateau(kind)
+        rates.append((p, v.dim.half_efficiency_bytes))
+        if slowest is None or p < slowest:
             slowest = p
-    return rates, slowest
+    return tuple(rates), slowest
 
 
 def _slowest_rate(rates: tuple, chunk_bytes: float) -> float:
@@ -193,7 +195,7 @@ def _tree_between_domains(between: list, nvls: bool):
     domains = math.prod(v.n for v in between)
     per_direction = 1.0 if nvls and domains <= 2 else 2.0
     rates, plateau = _rates(between, "tree")
-    hops = tuple((2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in between)
+    hops = tuple([(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in between])
 
     def seconds(msg: float) -> tuple[float, float]:
         moved = per_direction * msg / TREE_BUS_FACTOR
@@ -208,8 +210,8 @@ def _depth_fill(between: list, chain: int, d0):
     rate: 2 log2(domains) network stages, and for the plain tree 2 (chain - 1) NVLink stages of the
     chain inside the node. The chunk is the dimension's step (half_efficiency_bytes), or the whole
     buffer when that is smaller."""
-    stages = tuple((2 * math.ceil(math.log2(v.n)), v.dim.half_efficiency_bytes, v.dim.bandwidth * v.dim.bus_efficiency)
-                   for v in between)
+    stages = tuple([(2 * math.ceil(math.log2(v.n)), v.dim.half_efficiency_bytes, v.dim.bandwidth * v.dim.bus_efficiency)
+                    for v in between])
     chain_stages = 2 * (chain - 1)
     chain_half, chain_rate = d0.half_efficiency_bytes, d0.bandwidth * d0.bus_efficiency
 

@@ -124,9 +124,17 @@ def _read_only(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
 
-def _dp_crosses(st, cluster: ClusterSpec) -> bool:
-    """A stage's DP gradient buckets leave the innermost domain."""
-    return any(crosses_nic(bs.op.group_size, bs.op.group_stride, cluster) for bs in st.grad_buckets)
+def _dp_crosses(st, cluster: ClusterSpec, placed: dict) -> bool:
+    """A stage's DP gradient buckets leave the innermost domain. `placed`: a memo of crosses_nic by
+    (size, stride), shared with _block_nic_s."""
+    for bs in st.grad_buckets:
+        group = (bs.op.group_size, bs.op.group_stride)
+        crosses = placed.get(group)
+        if crosses is None:
+            crosses = placed[group] = crosses_nic(*group, cluster)
+        if crosses:
+            return True
+    return False
 
 
 def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: str,
@@ -135,7 +143,8 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     chunk); None when no stage's does."""
     # perf (i18s-step): once per stage group; spread to the stages only where some group's DP stream
     # stays inside the domain (np.where(True, x, 0.0) is x)
-    crossing = [_dp_crosses(st, cluster) for st in (graph.stages if groups is None else groups.syncs)]
+    placed: dict = {}     # crosses_nic by (size, stride): the groups' buckets share a few DP groups
+    crossing = [_dp_crosses(st, cluster, placed) for st in (graph.stages if groups is None else groups.syncs)]
     if not any(crossing):
         return None
     plan = graph.plan
@@ -152,7 +161,6 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
         # perf (i18s-step): only the kinds a backward task runs (the forward kinds' blocks are never read)
         used = list(dict.fromkeys(b_kind.ravel().tolist()))
         backward = [kinds[k] for k in used]
-        placed: dict = {}
         of_block = {key: _block_nic_s(graph.blocks[key], cluster, timed, placed)
                     for key in dict.fromkeys(key for keys, _ in backward for key in keys)}
         send_s = {stride: p2p_s(plan.p2p_bytes, stride, cluster) if _p2p_crosses(stride, cluster) else None
@@ -170,7 +178,8 @@ def _backward_nic_s(graph: StepGraph, cluster: ClusterSpec, timed, precision: st
     # perf: shared by the candidates that share the builder's blocks (cache.blocks) and plan shape
     kind_nic = cache.facts.get_or(("NIC per task kind", cache.object_key(graph.blocks), cache.object_key(kinds), ckey,
                                    precision, plan.p2p_bytes), per_kind)
-    nic = kind_nic[b_kind].sum(axis=1)
+    # perf (i20s-step): one chunk per stage (vpp 1): each stage's sum is its one kind's value
+    nic = kind_nic[b_kind[:, 0]] if b_kind.shape[1] == 1 else kind_nic[b_kind].sum(axis=1)
     if all(crossing):
         return nic
     mask = np.array(crossing, dtype=bool)

@@ -16,7 +16,7 @@ from comet.replay.contention import dp_nic_rate
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
-from comet.replay.tails import StageTail, StageTails, _early_gathers, _stage_groups_shared, _sync_collective_s, _tails
+from comet.replay.tails import StageTail, StageTails, _stage_groups_shared, _sync_times, _tails
 from comet.replay.timing import p2p_s, timed_s
 from comet.result import BREAKDOWN_KEYS
 
@@ -163,15 +163,15 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     groups = _stage_groups_shared(graph)
     gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
     if keep_block_replays:
-        f_release, gather_end = _early_gathers(graph, groups, t, gather_events)
+        f_release, gather_end = _sync_times(graph, groups, t, cluster, gather_events)[:2]
         sync_s = None
     else:
         # perf: the sync collectives read the stage syncs, the plan's layer split and the network: shared
         # by the candidates whose configurations differ only in the global batch (evaluate._built shares
         # the stage syncs), read-only
         key = ("sync times", cache.object_key(graph.stages), plan.chunk_layers, cache.network_key(cluster), precision)
-        f_release, gather_end, *sync_s = cache.facts.get_or(key, lambda: _read_only(
-            *_early_gathers(graph, groups, t), *_sync_collective_s(graph, groups, t)))
+        f_release, gather_end, *sync_s = cache.facts.get_or(key, lambda: _read_only(*_sync_times(graph, groups, t,
+                                                                                                cluster)))
     summary = _summary_shared(plan, f_dur, b_dur, f_release)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
     tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,

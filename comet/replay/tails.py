@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from comet.config.cluster import ClusterSpec
-from comet.graph.ir import OpKind, StepGraph
+from comet.graph.ir import Collective, OpKind, StepGraph
+from comet.hardware.network import collective_time_s
 from comet.replay import cache
 from comet.replay.contention import serial_shared
 from comet.replay.kernels import HAVE_NUMBA
@@ -52,12 +53,15 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
     # groups, their order and their stages are the per-stage loop's (tests/replay/test_stage_work.py).
     # perf (i18s-step): runs found by comparing each stage with its run's first, no role tuple per stage;
     # a group's stages an arange where they are one run: pp 64, 18.6 -> 9.3 us
+    # perf (i20s-step): a run's ends found in one comprehension over neighbours (alike is transitive:
+    # alike to the previous stage is alike to the run's first), a run broken after the first stage and
+    # before the last; pp 64: ~30% less
+    ends = [s for s in range(2, pp - 1) if stages[s] is not stages[s - 1] or per_stage[s] != per_stage[s - 1]]
+    ends = ([1] if pp > 1 else []) + ends + ([pp - 1] if pp > 2 else []) + [pp]
     group_of: dict = {}
     runs, run_group, run_length = [], [], []
     start = 0
-    for s in range(1, pp + 1):
-        if s < pp and s != 1 and s != pp - 1 and stages[s] is stages[start] and per_stage[s] == per_stage[start]:
-            continue
+    for s in ends:
         g = group_of.setdefault((id(stages[start]), start == 0, s == pp, per_stage[start]), len(runs))
         if g == len(runs):
             runs.append([])
@@ -65,10 +69,15 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
         run_group.append(g)
         run_length.append(s - start)
         start = s
-    rows = [np.arange(r[0].start, r[0].stop) if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
+    # perf (i20s-step): a one-run group's stages a view of one arange, the stage -> group index one
+    # array from a list (an arange per group and a repeat before: numpy calls cost ~2 us each cold)
+    ar = np.arange(pp)
+    rows = [ar[r[0].start:r[0].stop] if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
     first = [r[0].start for r in runs]
-    return StageGroups(rows, first, [stages[f] for f in first],
-                       np.repeat(np.array(run_group, dtype=np.int64), run_length))
+    index = []
+    for g, n in zip(run_group, run_length):
+        index += [g] * n
+    return StageGroups(rows, first, [stages[f] for f in first], np.array(index, dtype=np.int64))
 
 
 def _stage_groups_shared(graph: StepGraph) -> StageGroups:
@@ -77,23 +86,26 @@ def _stage_groups_shared(graph: StepGraph) -> StageGroups:
                               lambda: _stage_groups(graph))
 
 
-def _early_gathers(graph: StepGraph, groups: StageGroups, t, events: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Parameter all-gathers issued at the start of the step (overlapping the first forwards): each
-    chunk's first forward waits for the buckets holding its first layer. Returns (release of each
-    (stage, chunk)'s first forward, end of each stage's gathers); `events`: per stage, the gathers'
-    (name, start, end) appended (the timeline's), or None."""
+def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, events: list | None = None) -> tuple:
+    """What the step's once-per-step collectives give each stage group, in one pass over the groups:
+    (release of each (stage, chunk)'s first forward, end of each stage's parameter gathers at the start
+    of the step, each group's first gradient bucket's seconds (0: none), each tied-embedding
+    all-reduce's seconds (stages in increasing order)). Parameter all-gathers issued at the start of
+    the step overlap the first forwards: each chunk's first forward waits for the buckets holding its
+    first layer. `events`: per stage, the gathers' (name, start, end) appended (the timeline's), or
+    None. perf (i20s-step): one pass (two before), and the collectives timed by _collective_op_s."""
     plan = graph.plan
-    pp, vpp = plan.pp, plan.vpp
+    pp, vpp, chunk_layers = plan.pp, plan.vpp, plan.chunk_layers
     # perf (i18s-step): stages of a group have the same gathers: one row per group in Python floats,
     # spread to the stages in one take each (an indexed store per group and bucket set before)
-    release_of, end_of = [], []
+    release_of, end_of, bucket_s = [], [], []
     for rows, s0, st in zip(groups.rows, groups.first, groups.syncs):
         release = [0.0] * vpp
         clock = 0.0
         if st.param_gathers and st.gather_before_forward:
             for bs in st.param_gathers:
-                d = t(bs.op)
-                first_layer = -(-bs.count // max(plan.chunk_layers[bs.chunk * pp + s0], 1))
+                d = _collective_op_s(bs.op, t, cluster)
+                first_layer = -(-bs.count // max(chunk_layers[bs.chunk * pp + s0], 1))
                 release[bs.chunk] = clock + first_layer * d
                 if events is not None:
                     for s in rows:
@@ -102,15 +114,25 @@ def _early_gathers(graph: StepGraph, groups: StageGroups, t, events: list | None
                 clock += bs.count * d
         release_of.append(release)
         end_of.append(clock)
-    return groups.per_stage(release_of), groups.per_stage(end_of)
+        bucket_s.append(_collective_op_s(st.grad_buckets[0].op, t, cluster) if st.grad_buckets else 0.0)
+    stages = graph.stages
+    emb_s = [_collective_op_s(stages[s].embedding_sync, t, cluster) for s in groups.embedding]
+    return (groups.per_stage(release_of), groups.per_stage(end_of), np.array(bucket_s, dtype=float),
+            np.array(emb_s, dtype=float))
 
 
-def _sync_collective_s(graph: StepGraph, groups: StageGroups, t) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds of each stage group's first gradient bucket (0: none) and of each tied-embedding
-    all-reduce (stages in increasing order): what tail_kernels.stage_tails reads of the network."""
-    bucket_s = np.array([t(st.grad_buckets[0].op) if st.grad_buckets else 0.0 for st in groups.syncs], dtype=float)
-    emb_s = np.array([t(graph.stages[s].embedding_sync) for s in groups.embedding], dtype=float)
-    return bucket_s, emb_s
+_COLLECTIVE, _ALL_REDUCE = OpKind.COLLECTIVE, Collective.ALL_REDUCE
+
+
+def _collective_op_s(op, t, cluster: ClusterSpec) -> float:
+    """t(op) (replay.timing.timed_s: the measured duration, else the cost model) for a step sync op.
+    perf (i20s-step): a modelled collective goes to network.collective_time_s directly (the
+    arithmetic timing.collective_s caches, the same float): a sync collective's seconds are kept by
+    the sync-times entry (replay_step), so the per-transfer key, look-up and insert bought nothing."""
+    if op.kind is _COLLECTIVE and op.duration_s is None:
+        return collective_time_s(op.collective or _ALL_REDUCE, op.msg_bytes, op.group_size, op.group_stride, cluster,
+                                 op.flat_ring)
+    return t(op)
 
 
 @dataclass
@@ -127,7 +149,8 @@ class StageTail:
 
 class StageTails(Sequence):
     """Every stage's tail as arrays (pp,), a StageTail built per access (a timeline, a test): the step
-    reads the arrays."""
+    reads the arrays. Read-only by convention (`end` may be `optimizer_end` itself)."""
+    __slots__ = ("adam", "compute_end", "end", "events", "offload", "optimizer_end", "optimizer_start", "partner_wait")
 
     def __init__(self, compute_end, optimizer_start, optimizer_end, end, adam, offload, partner_wait,
                  events: list | None):
@@ -152,23 +175,23 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
            blocks_key: tuple, sync_s: list | None = None) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
     (name, start, end) so far, extended here (for the timeline); None: not recorded. `sync_s`:
-    _sync_collective_s of this graph and network, where known."""
+    _sync_times' last two of this graph and network, where known."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
     statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
-    adam, link = statics.adam, statics.link
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
-        group_of, terms, group_i, emb = statics.fused
-        in_order, optimizer_start, optimizer_end, partner_wait, offload = stage_tails(
-            last_b_start, summary.compute_end, gather_end, dp_rate, group_of, terms, group_i, sync_s[0], emb,
-            sync_s[1], adam, link)
+        group_i, group_f, emb = statics.fused
+        in_order, out = stage_tails(last_b_start, summary.compute_end, gather_end, dp_rate, groups.index, group_i,
+                                    group_f, sync_s[0], emb, sync_s[1])
         if in_order:
+            optimizer_start, optimizer_end, partner_wait, offload, adam = out
             return StageTails(summary.compute_end, optimizer_start, optimizer_end,
                               _after_optimizer(statics, optimizer_end, t, None), adam, offload, partner_wait, None)
+    adam, link = statics.per_stage(groups)
     # perf: stages sharing one StageSync object (every middle stage) and the same layer counts run
     # their DP streams, embedding sync and optimizer as rows of one array computation
     dp_end = gather_end.copy()
@@ -237,6 +260,10 @@ def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict,
 def _after_optimizer(statics: _TailStatics, optimizer_end: np.ndarray, t, events: list | None) -> np.ndarray:
     """Each stage's end: parameter all-gathers issued after the optimizer (not overlapped with the next
     step's first forwards) follow it."""
+    if not statics.gathers_after:
+        # perf (i20s-step): no parameter gathers after the optimizer (every ZeRO-0 configuration, and
+        # overlapped gathers): each stage ends with its optimizer, no copy and no walk over the groups
+        return optimizer_end
     end = optimizer_end.copy()
     for rows, _, st, _ in statics.groups:
         if st.gather_before_forward:
@@ -279,35 +306,41 @@ class _TailStatics:
     chunk's buckets the readiness terms of _bucket_ready_terms); the stages with a tied-embedding sync.
     Read-only by convention (shared from cache.facts); perf (i18s-step): a slotted class, not a frozen
     dataclass (a setattr call per field)."""
-    __slots__ = ("adam", "emb", "fused", "groups", "link")
+    __slots__ = ("adam_link", "emb", "fused", "gathers_after", "groups")
 
-    def __init__(self, adam: np.ndarray, link: np.ndarray, groups: tuple, emb: tuple, fused: tuple | None = None):
-        self.adam, self.link, self.groups, self.emb = adam, link, groups, emb
-        self.fused = fused   # tail_kernels.stage_tails' per-stage / per-group inputs, where it applies
+    def __init__(self, adam_link: list, groups: tuple, emb: tuple, fused: tuple | None = None):
+        self.adam_link = adam_link   # per group (optimizer seconds, host-link seconds)
+        self.groups, self.emb = groups, emb
+        self.fused = fused   # tail_kernels.stage_tails' per-group inputs, where it applies
+        # whether some stage gathers parameters after its optimizer (_after_optimizer)
+        self.gathers_after = any(st.param_gathers and not st.gather_before_forward for _, _, st, _ in groups)
+
+    def per_stage(self, groups: StageGroups) -> np.ndarray:
+        """Per stage (optimizer seconds, host-link seconds): rows of one table, each contiguous (the
+        generic path's; the fused kernel spreads them itself)."""
+        return np.take(np.array(self.adam_link, dtype=float).T, groups.index, axis=1)
 
 
-def _fused_statics(groups: StageGroups, terms_of: list, emb: tuple) -> tuple | None:
-    """tail_kernels.stage_tails' inputs that the network does not change: each stage's group (-1: no
-    buckets), per group the readiness terms of its buckets (head, per layer, whole backward: see
-    _bucket_ready_terms) and (chunk, buckets, layers, progressive), the tied-embedding stages; None
-    where a group's buckets span several sets (the generic path sorts them)."""
-    bucket_group, terms_g, ints_g = [], [], []
-    for g, (st, terms) in enumerate(zip(groups.syncs, terms_of)):
+def _fused_statics(groups: StageGroups, terms_of: list, adam_link: list, emb: tuple) -> tuple | None:
+    """tail_kernels.stage_tails' inputs that the network does not change: per group (chunk, buckets,
+    layers, progressive) (0 buckets: none) and (the readiness terms of its buckets: head, per layer,
+    whole backward, see _bucket_ready_terms; the optimizer's and host link's seconds), the
+    tied-embedding stages; None where a group's buckets span several sets (the generic path sorts
+    them). Each stage's group is groups.index."""
+    floats, ints = [], []
+    for st, terms, (adam, link) in zip(groups.syncs, terms_of, adam_link):
         if not st.grad_buckets:
-            bucket_group.append(-1)
-            terms_g.append((0.0, 0.0, 0.0))
-            ints_g.append((0, 0, 0, 0))
+            floats.append((0.0, 0.0, 0.0, adam, link))
+            ints.append((0, 0, 0, 0))
             continue
         if terms is None:
             return None
         bs = st.grad_buckets[0]
-        bucket_group.append(g)
-        terms_g.append(terms[:3])
-        ints_g.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
+        floats.append((terms[0], terms[1], terms[2], adam, link))
+        ints.append((bs.chunk, bs.count, terms[3], int(bs.progressive)))
     # perf (i18s-step): the kernel computes the ready offsets from these terms (a table of
     # _ready_offsets was built here: ~30 small numpy calls)
-    return (np.array(bucket_group, dtype=np.int64)[groups.index], np.array(terms_g, dtype=float),
-            np.array(ints_g, dtype=np.int64), np.array(emb, dtype=np.int64))
+    return np.array(ints, dtype=np.int64), np.array(floats, dtype=float), np.array(emb, dtype=np.int64)
 
 
 def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_key: tuple, compute_key: tuple,
@@ -317,7 +350,7 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
     precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
     differ in their network share it."""
     def build() -> _TailStatics:
-        adam_of, link_of, rows_of, terms_of, layer_s = [], [], [], [], {}
+        adam_link, rows_of, terms_of, layer_s = [], [], [], {}
         for stages, s0, st in zip(groups.rows, groups.first, groups.syncs):
             adam = link = 0     # the sums start at 0, as sum() does
             for op in st.optimizer:
@@ -325,23 +358,21 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
                     adam += t(op)
                 elif op.kind is OpKind.MEMCPY:
                     link += t(op)
-            adam_of.append(adam)
-            link_of.append(link)
+            adam_link.append((adam, link))
             terms = (_bucket_ready_terms(graph, blocks, s0, st.grad_buckets[0], layer_s) if len(st.grad_buckets) == 1
                      else None)
             rows_of.append((stages, s0, st, terms))
             terms_of.append(terms)
         emb = groups.embedding
-        # perf (i18s-step): both per-stage arrays in one take (rows of one table, each contiguous)
-        adam, link = np.take(np.array((adam_of, link_of), dtype=float), groups.index, axis=1)
-        adam.flags.writeable = link.flags.writeable = False
-        return _TailStatics(adam, link, tuple(rows_of), emb, _fused_statics(groups, terms_of, emb))
+        return _TailStatics(adam_link, tuple(rows_of), emb, _fused_statics(groups, terms_of, adam_link, emb))
 
     # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
-    # batch, and the plan's layer split), not by the graph object
+    # batch, and the plan's layer split), not by the graph object. perf (i20s-step): the stage syncs and
+    # the split (pp, vpp, layers) through the StageGroups object, which the "stage groups" entry keeps
+    # per (stage syncs, pp, vpp, layers): one identity, not the 64-entry split hashed again
     plan = graph.plan
-    key = ("tail statics", cache.object_key(graph.stages), plan.pp, plan.vpp, plan.chunk_layers, plan.recompute_layers,
-           plan.chunk_layer_kinds, blocks_key, compute_key)
+    key = ("tail statics", cache.object_key(groups), plan.recompute_layers, plan.chunk_layer_kinds, blocks_key,
+           compute_key)
     return cache.facts.get_or(key, build)
 
 

@@ -177,9 +177,15 @@ def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
     gather_end = np.where(rng.random(pp) < 0.5, 0.0, rng.uniform(0, 2, pp))
     rate = np.where(rng.random(pp) < 0.3, 1.0, rng.uniform(0.5, 1, pp))
     emb = np.sort(rng.choice(pp, size=min(pp, data.draw(st.integers(0, 2))), replace=False)).astype(np.int64)
-    emb_dur, adam, link = rng.uniform(0, 0.2, len(emb)), rng.uniform(0, 1, pp), rng.uniform(0, 1.5, pp)
-    in_order, *got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, group_of, terms, group_i,
-                                              g_dur, emb, emb_dur, adam, link)
+    # the kernel's stage -> group index: a stage without buckets is in a group of 0 buckets (the last)
+    adam_g, link_g = rng.uniform(0, 1, n_groups + 1), rng.uniform(0, 1.5, n_groups + 1)
+    index = np.where(group_of < 0, n_groups, group_of)
+    adam, link = adam_g[index], link_g[index]
+    group_f = np.concatenate([np.vstack([terms, np.zeros((1, 3))]), np.stack([adam_g, link_g], axis=1)], axis=1)
+    emb_dur = rng.uniform(0, 0.2, len(emb))
+    in_order, got = tail_kernels.stage_tails(last_b_start, compute_end, gather_end, rate, index,
+                                              np.vstack([group_i, np.zeros((1, 4), dtype=np.int64)]), group_f,
+                                              np.append(g_dur, rng.uniform(0.01, 0.5)), emb, emb_dur)
     assert in_order == all(bool((o[1:] >= o[:-1]).all()) for o in offsets)
     if not in_order:
         return
@@ -201,5 +207,5 @@ def test_stage_tails_kernel_equals_the_numpy_stream_on_random_stages(data):
             dp_end[s] = both + emb_dur[i]
     offload = np.maximum(0.0, link - adam)
     optimizer_start = np.maximum(compute_end, dp_end)
-    for a, b in zip(got, (optimizer_start, optimizer_start + adam + offload, partner_wait, offload)):
+    for a, b in zip(got, (optimizer_start, optimizer_start + adam + offload, partner_wait, offload, adam), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -1,6 +1,7 @@
 """The stage work's fast paths (comet/replay/tails.py, contention.py; branch i17s-stage) against the
 per-stage / per-element reference they replace, on random inputs."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,9 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comet.config.cluster import NetworkDim
+from comet.config.model import ModelSpec
+from comet.config.parallel import ParallelConfig, Schedule
+from comet.errors import ConfigError
+from comet.evaluate import resolve
 from comet.hardware.network import group_span
 from comet.replay import contention
-from comet.replay.tails import _stage_groups
+from comet.replay import tails as tails_mod
+from comet.replay.tails import _stage_groups, _sync_times
+from comet.replay.timing import timed_s
+from comet.workload.builder import build_step_graph
 
 
 def _stage_groups_per_stage(graph) -> dict:
@@ -79,3 +87,37 @@ def test_crosses_nic_reads_the_first_level_of_the_span(size, stride, inner, leve
     cluster = SimpleNamespace(network=network)
     want = size > 1 and levels > 1 and group_span(size, stride, network)[0] < size
     assert contention.crosses_nic(size, stride, cluster) == want
+
+
+_SMALL = ModelSpec(name="small", layers=12, hidden=2048, heads=16, vocab=32000, seq_len=2048)
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_sync_times_direct_collectives_equal_timed_ops(h100, data):
+    # _sync_times times a modelled sync collective by network.collective_time_s directly (i20s-step); the
+    # reference is every op through replay.timing.timed_s (the per-transfer network cache): bit for bit,
+    # on the H100 spec's network (NVLS, a fat-tree tier) and the same network with one NIC per 4 GPUs
+    tp, pp, dp = data.draw(st.sampled_from([1, 2, 8])), data.draw(st.integers(1, 5)), data.draw(st.sampled_from([1, 2, 4, 16]))
+    par = dict(tp=tp, pp=pp, gpus=tp * pp * dp, global_batch=dp * pp * 2, zero=data.draw(st.integers(0, 1)),
+               overlap_param_gather=data.draw(st.booleans()))
+    if pp > 1 and data.draw(st.booleans()):
+        par.update(vpp=2, schedule=Schedule.INTERLEAVED, global_batch=dp * pp * 4)
+    model = dataclasses.replace(_SMALL, tied_embeddings=data.draw(st.booleans()))
+    cluster = h100 if data.draw(st.booleans()) else dataclasses.replace(
+        h100, network=(dataclasses.replace(h100.network[0], size=4),) + h100.network[1:])
+    try:
+        graph = build_step_graph(model, resolve(model, cluster, ParallelConfig(**par)))
+    except ConfigError:
+        return
+    groups = _stage_groups(graph)
+    t = lambda op: timed_s(op, cluster, "bf16")    # noqa: E731
+    events = [[] for _ in range(pp)]
+    got = _sync_times(graph, groups, t, cluster, events)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tails_mod, "_collective_op_s", lambda op, t, cluster: t(op))
+        want_events = [[] for _ in range(pp)]
+        want = _sync_times(graph, groups, t, cluster, want_events)
+    for a, b in zip(got, want):
+        assert a.tobytes() == b.tobytes()
+    assert events == want_events

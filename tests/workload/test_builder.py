@@ -116,17 +116,17 @@ def _builder_layouts(model):
 
 
 def test_every_op_the_builders_emit_is_a_checked_op():
-    """The block builders construct ops without Op.__init__'s check of field names (Op.unchecked):
-    every op they emit, on every shipped model, has only Op's fields and equals the op Op(...)
-    builds from them."""
+    """The block and stage-sync builders construct ops without Op.__init__'s check of field names
+    (Op.unchecked): every op they emit, on every shipped model, has only Op's fields and equals the op
+    Op(...) builds from them."""
     from pathlib import Path
     from comet.config.model import load_model
     from comet.graph.block import block_ops
     from comet.graph.ir import Op
-    from comet.workload.builder import build_blocks
+    from comet.workload.builder import build_blocks, build_stages
     fields = set(Op.__dataclass_fields__)
     names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
-    seen = 0
+    seen = stage_ops = 0
     for name in names:
         model = load_model(name)
         for par in _builder_layouts(model):
@@ -135,4 +135,10 @@ def test_every_op_the_builders_emit_is_a_checked_op():
                     assert set(vars(op)) <= fields, (name, key, op.name, set(vars(op)) - fields)
                     assert Op(**vars(op)) == op
                     seen += 1
-    assert seen > 1000
+            for st in build_stages(model, par):
+                ops = [bs.op for bs in st.grad_buckets + st.param_gathers] + list(st.optimizer)
+                for op in ops + ([st.embedding_sync] if st.embedding_sync is not None else []):
+                    assert set(vars(op)) <= fields, (name, "stage sync", op.name, set(vars(op)) - fields)
+                    assert Op(**vars(op)) == op
+                    stage_ops += 1
+    assert seen > 1000 and stage_ops > 100
