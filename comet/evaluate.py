@@ -150,8 +150,8 @@ def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> R
     hw_tflops = hw_flops / step / par.gpus / 1e12
     res = Result(CandidateStatus.OK, label=par.label(), step_time_s=step, tokens_per_s=tokens / step,
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
-                 breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))
-    res.extra["critical_stage"] = rep.critical_stage
+                 memory_gb_per_gpu=mem.total_GB, memory=mem.as_dict(), breakdown=rep.breakdown, gpus=par.gpus,
+                 extra={"critical_stage": rep.critical_stage})
     if mem.tight:   # over the nominal HBM, inside the fit margin (comet.workload.memory.FIT_MARGIN)
         res.extra["memory_tight"] = True
     if job is not None:
