@@ -25,11 +25,16 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) ->
     # configuration alone; a search resolves each configuration once per cluster. A rule it breaks is
     # raised again on every call (errors are not stored).
     par = cache.resolved.get_or((model, parallel), lambda: _resolved(model, parallel))
+    _check_on_cluster(cluster, par)
+    return par
+
+
+def _check_on_cluster(cluster: ClusterSpec, par: ParallelConfig) -> None:
+    """The rules that read the cluster: the job's GPUs fill its domains, the GPU runs the precision."""
     check_job_fits_domains(cluster, par.gpus)
     if par.precision.value not in cluster.gpu.peak_tflops:
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
                           f"(peaks given: {', '.join(cluster.gpu.peak_tflops)})", field="precision")
-    return par
 
 
 def _resolved(model: ModelSpec, parallel: ParallelConfig) -> ParallelConfig:
@@ -55,11 +60,34 @@ def _resolved(model: ModelSpec, parallel: ParallelConfig) -> ParallelConfig:
 def precheck(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> tuple[bool, str]:
     """Cheap pruning before any replay: divisibility rules, then memory fit."""
     try:
-        par = resolve(model, cluster, parallel)
+        mem = _prepared(model, cluster, parallel)[1]
     except ConfigError as exc:
         return False, str(exc)
-    mem = _memory(model, par, cluster)
     return mem.fits, mem.reason
+
+
+class _Prepared(list):
+    """[resolved configuration, memory estimate, FLOPs per token | None] of one (model, configuration as
+    given, memory side of the cluster); the FLOPs filled when first needed (a feasible candidate)."""
+    __slots__ = ()
+
+
+def _prepared(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) -> _Prepared:
+    """resolve + the memory estimate, with room for the FLOPs per token: the values their own caches hold
+    (the same objects), in one entry. perf (i20g-glue): a search meets a configuration on several
+    networks (scale-out bandwidth, ...), which none of these read: one look-up where there were three
+    (resolve, memory, FLOPs per token). The cluster's own rules are checked on every call, as resolve
+    does; a broken rule raises and stores nothing. (The graph is left to cache.graphs: held here too, a
+    study could keep up to this cache's size in graphs and their blocks.)"""
+    key = (model, parallel, cache.memory_key(cluster))
+    entry = cache.candidates.get(key)
+    if entry is None:
+        par = resolve(model, cluster, parallel)
+        entry = _Prepared((par, _memory(model, par, cluster), None))
+        cache.candidates.add(key, entry)
+    else:
+        _check_on_cluster(cluster, entry[0])
+    return entry
 
 
 def _memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec) -> MemoryEstimate:
@@ -79,10 +107,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
              timeline: bool | str = False, base: StepGraph | None = None) -> Result:
     """timeline: True for task-level Chrome-trace events in result.timeline, "ops" for every op too."""
     try:
-        par = resolve(model, cluster, parallel)
+        prepared = _prepared(model, cluster, parallel)
     except ConfigError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=parallel.label(), gpus=parallel.gpus or 0)
-    mem = _memory(model, par, cluster)
+    par, mem = prepared[0], prepared[1]
     if not mem.fits:
         return Result(CandidateStatus.INFEASIBLE, reason=mem.reason, label=par.label(), gpus=par.gpus,
                       **_memory_fields(mem))
@@ -91,7 +119,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
         rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=bool(timeline))
     except CometError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
-    return _result(model, cluster, par, job, mem, rep, timeline)
+    return _result(model, cluster, par, job, mem, rep, timeline, prepared)
 
 
 def _graph_for(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, base: StepGraph | None) -> StepGraph:
@@ -137,21 +165,23 @@ def _built(model: ModelSpec, par: ParallelConfig) -> StepGraph:
     return build_step_graph(model, par, blocks=blocks, stages=stages)
 
 
-def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool) -> Result:
+def _result(model, cluster, par, job, mem, rep: StepReplay, timeline: bool, prepared: _Prepared) -> Result:
     step = rep.step_time_s
     tokens = par.global_batch * model.seq_len
     peak = cluster.gpu.peak_flops("bf16" if "bf16" in cluster.gpu.peak_tflops else "fp16")
     # perf: a configuration's FLOPs per token are the model's and the configuration's alone, the same for
     # every global batch (i18g-glue: keyed without it; a step's FLOPs are its tokens times those)
-    per_token = cache.facts.get_or(("flops per token", model, par.batch_free()), lambda: (
-        model_flops_per_token(model), recompute_flops_per_token(model, par)))
+    per_token = prepared[2]
+    if per_token is None:
+        per_token = prepared[2] = cache.facts.get_or(("flops per token", model, par.batch_free()), lambda: (
+            model_flops_per_token(model), recompute_flops_per_token(model, par)))
     model_flops, hw_flops = step_flops(par.global_batch, model.seq_len, *per_token)
     model_tflops = model_flops / step / par.gpus / 1e12
     hw_tflops = hw_flops / step / par.gpus / 1e12
     res = Result(CandidateStatus.OK, label=par.label(), step_time_s=step, tokens_per_s=tokens / step,
                  tflops_per_gpu=model_tflops, mfu=model_tflops * 1e12 / peak, hw_tflops_per_gpu=hw_tflops,
-                 breakdown=rep.breakdown, gpus=par.gpus, **_memory_fields(mem))
-    res.extra["critical_stage"] = rep.critical_stage
+                 memory_gb_per_gpu=mem.total_GB, memory=mem.as_dict(), breakdown=rep.breakdown, gpus=par.gpus,
+                 extra={"critical_stage": rep.critical_stage})
     if mem.tight:   # over the nominal HBM, inside the fit margin (comet.workload.memory.FIT_MARGIN)
         res.extra["memory_tight"] = True
     if job is not None:

@@ -65,6 +65,30 @@ REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MAX_MICROBATCHES = 65_536
 
 
+def _as_members(state: dict) -> dict:
+    """{field: member} for each enum-typed field given as its value (a str): the rules and models compare
+    members by identity, while a value hashes and compares equal to its member, so a configuration built
+    with strings (ParallelConfig(selective_policy="op_sac")) would otherwise be evaluated as another one,
+    and which figures a search got would depend on what its caches had seen. An unknown value is a
+    ConfigError naming the field."""
+    out = {}
+    for name, kind in _ENUM_FIELDS:
+        value = state[name]
+        if value.__class__ is not kind:
+            out[name] = _member(kind, value, name)
+    modules = state["recompute_modules"]
+    if any(m.__class__ is not RecomputeModule for m in modules):
+        out["recompute_modules"] = tuple(_member(RecomputeModule, m, "recompute_modules") for m in modules)
+    return out
+
+
+def _member(kind: type[enum.Enum], value, name: str) -> enum.Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"must be one of {', '.join(m.value for m in kind)}, got {value!r}", field=name) from None
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     global_batch: int = field(metadata=positive())
@@ -263,7 +287,8 @@ class ParallelConfig:
         batch=False leaves out the rules that read the global batch (check_batch): what a search
         resolves once per configuration shape (comet/evaluate.py)."""
         cfg = self
-        derived = {}    # perf: both derived fields set at once, without re-running __init__ (config/frozen.py)
+        derived = _as_members(self.__dict__)   # perf: derived fields set at once, without re-running __init__
+                                               # (config/frozen.py)
         if cfg.sequence_parallel is None:
             derived["sequence_parallel"] = cfg.tp > 1
         if cfg.dp is None:
@@ -419,3 +444,8 @@ class ParallelConfig:
 _FIELD_NAMES = tuple(f.name for f in fields(ParallelConfig))   # what the dataclass's hash reads, in order
 _field_values = operator.itemgetter(*_FIELD_NAMES)               # a __dict__ -> the fields' tuple
 _batch_free_values = operator.itemgetter(*(name for name in _FIELD_NAMES if name != "global_batch"))
+
+
+# the enum-typed fields _as_members makes members (recompute_modules, a tuple of RecomputeModule, apart)
+_ENUM_FIELDS = (("schedule", Schedule), ("recompute", Recompute), ("selective_policy", SelectivePolicy),
+                ("precision", Precision), ("moe_dispatcher", Dispatcher))

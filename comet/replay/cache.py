@@ -217,6 +217,9 @@ _interned = LRU(_BLOCK_ENTRIES)     # Signature -> its canonical instance
 facts = LRU(8 * _GRAPH_ENTRIES)
 memory = LRU(_BLOCK_ENTRIES)        # (model, parallel, cluster key) -> MemoryEstimate (pruning, then evaluate)
 resolved = LRU(_BLOCK_ENTRIES)      # (model, parallel as given) -> the resolved ParallelConfig (evaluate.resolve)
+# (model, parallel as given, memory key) -> [resolved, memory estimate, FLOPs per token]: the values
+# the caches above hold, one look-up for a candidate (evaluate._prepared); a short list an entry
+candidates = LRU(_BLOCK_ENTRIES)
 network = LRU(4 * _BLOCK_ENTRIES)   # (what, its arguments, cluster key) -> seconds (replay/timing.py)
 # pipeline shape -> task visit order (replay/pipeline.py), 8 B a task; a shape's warm-up, period and
 # tail windows (replay/periodic.py), 8 B a task of a short schedule
@@ -459,8 +462,8 @@ def disabled():
 
 def clear() -> None:
     """Empty every cache (tests; a cold-start benchmark)."""
-    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, network, orders,
-              summaries, transients):
+    for c in (durations, replays, compiled, graphs, blocks, facts, _interned, memory, resolved, candidates, network,
+              orders, summaries, transients):
         c.clear()
     for fn in _memoized:
         fn.cache_clear()

@@ -141,7 +141,7 @@ def _summarize_by_windows(shape: tuple, schedule: str, pp: int, vpp: int, m: int
     return PipelineSummary(*periodic_summary(tail, pp, vpp, dur, release, end, state, lam, periods - replayed))
 
 
-_NO_STATE = np.zeros((0, 0))
+_NO_STATE = (np.zeros((0, 0)), 0.0, 0)     # no known transient: replay it
 
 
 def _summarize_by_rule(shape: tuple, pp: int, m: int, m0: int, dur: np.ndarray, release: np.ndarray, dur_bits: bytes,
@@ -154,10 +154,11 @@ def _summarize_by_rule(shape: tuple, pp: int, m: int, m0: int, dur: np.ndarray, 
     known = cache.transients.get(key)
     if known is not None and known[2] > periods:
         known = None
-    state, lam, replayed, uniform, *summary = periodic_1f1b(
-        pp, m, m0, dur, release, periods, _TOL_ULPS, _MAX_SPAN,
-        *((known[0], known[1], known[2]) if known is not None else (_NO_STATE, 0.0, 0)))
+    out = np.empty((8, pp))     # the summary's rows, then the transient's state (periodic_1f1b)
+    lam, replayed, uniform = periodic_1f1b(pp, m, m0, dur, release, periods, _TOL_ULPS, _MAX_SPAN,
+                                           *((known[0], known[1], known[2]) if known is not None else _NO_STATE),
+                                           out)
+    out.flags.writeable = False     # shared (cached) from here on, with every view of it
     if known is None and uniform:
-        state.flags.writeable = False
-        cache.transients.put(key, (state, lam, replayed, uniform))
-    return PipelineSummary(*summary)
+        cache.transients.put(key, (out[4:], lam, replayed, uniform))
+    return PipelineSummary(out[0], out[1].reshape(pp, 1), out[2], out[3])

@@ -142,19 +142,23 @@ def replay_period(pp: int, dur: np.ndarray, before: np.ndarray, prev: np.ndarray
 
 @njit(cache=True, nogil=True)
 def periodic_1f1b(pp: int, m: int, m0: int, dur: np.ndarray, f_release: np.ndarray, periods: int, tol_ulps: float,
-                  max_span: float, known: np.ndarray, known_lam: float, known_replayed: int):
+                  max_span: float, known: np.ndarray, known_lam: float, known_replayed: int, out: np.ndarray):
     """periodic_kernels.periodic_transient then periodic_summary for 1F1B, their windows replayed by rule
     (replay_rule_window) in one call: the warm window (each stage's tasks before the drains of m0
     micro-batches), periods until a uniform increment (at most `periods`), the jump to m - 1 and the tail.
-    known: a transient's state from an earlier call with these durations (empty: replay it). Returns
-    (state, lam, periods replayed, uniform: the transient, as periodic_transient's with one history row;
-    then compute_end, last_b_start (pp, 1), bubble, gather_wait, as periodic_summary)."""
+    known: a transient's state from an earlier call with these durations (empty: replay it). Writes out
+    (8, pp): rows 0-3 the summary (compute_end, last_b_start, bubble, gather_wait, as periodic_summary),
+    rows 4-7 the transient's state (periodic_transient's with one history row; known's copied). Returns
+    (lam, periods replayed, uniform). perf (i20g-glue): the caller's one array, not five returned (each
+    boxed on the way out: ~1.8 us of a ~8 us call)."""
     table = np.empty((max(2 * m0, pp) + 3) * pp)
-    last_b_start = np.zeros(pp)
+    last_b_start = out[1]
+    state = out[4:]
     if known.shape[0] > 0:
-        state, lam, replayed, uniform = known.copy(), known_lam, known_replayed, True
+        state[:] = known
+        lam, replayed, uniform = known_lam, known_replayed, True
     else:
-        state = np.zeros((4, pp))
+        state[:] = 0.0
         clock, bubble, gather_wait, step_bubble = state[0], state[1], state[2], state[3]
         replay_rule_window(pp, m, 0, 2 * m0, dur, f_release, table, clock, bubble, gather_wait, last_b_start)
         before = np.empty(pp)
@@ -181,13 +185,14 @@ def periodic_1f1b(pp: int, m: int, m0: int, dur: np.ndarray, f_release: np.ndarr
                 break
     # the jump (0 periods where no uniform increment was found: the periods replayed are the schedule's)
     jump = periods - replayed
-    history = state[:1] + jump * lam
-    bubble = state[1] + jump * state[3]
-    gather_wait = state[2].copy()
+    history, bubble, gather_wait = out[0], out[2], out[3]
+    history[:] = state[0] + jump * lam
+    bubble[:] = state[1] + jump * state[3]
+    gather_wait[:] = state[2]
     last_b_start[:] = 0.0
-    replay_rule_window(pp, m, 2 * (m - 1), 2 * m + pp - 1, dur, f_release, table, history[0], bubble, gather_wait,
+    replay_rule_window(pp, m, 2 * (m - 1), 2 * m + pp - 1, dur, f_release, table, history, bubble, gather_wait,
                        last_b_start)
-    return state, lam, replayed, uniform, history[0], last_b_start.reshape((pp, 1)), bubble, gather_wait
+    return lam, replayed, uniform
 
 
 @njit(cache=True, nogil=True)

@@ -17,14 +17,18 @@ from comet.config.cluster import ClusterSpec, MemoryTier
 from comet.config.job import JobSpec
 from comet.config.model import ModelSpec
 from comet.config.moe import Dispatcher
-from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, Schedule
+from comet.config.parallel import (OffloadTarget, ParallelConfig, Precision, Recompute, RecomputeModule, Schedule,
+                                   SelectivePolicy)
 from comet.errors import ConfigError
 from comet.result import CandidateStatus, Result
 
 # Canonical order of provisioning keys (columns, labels, keys).
 PROVISION_KEYS = ("hbm_GB", "hbm_bandwidth_GBps", "expansion_GB", "expansion_bandwidth_GBps", "scaleup_size",
                   "scaleup_bandwidth_GBps", "scaleout_bandwidth_GBps", "oversubscription", "compute_scale")
-_ENUMS = {"schedule": Schedule, "recompute": Recompute, "precision": Precision, "moe_dispatcher": Dispatcher}
+# every enum-typed field: the rules and models compare members by identity (`is`), so a value left a
+# string would be evaluated as another configuration, while comparing and hashing equal to the member
+_ENUMS = {"schedule": Schedule, "recompute": Recompute, "selective_policy": SelectivePolicy, "precision": Precision,
+          "moe_dispatcher": Dispatcher}
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,8 @@ def parallel_from_params(params: dict, global_batch: int, gpus: int | None) -> P
             value = _ENUMS[name](value)
         elif name == "offload":
             value = () if value == "none" else tuple(OffloadTarget(t) for t in value.split("+"))
+        elif name == "recompute_modules":
+            value = tuple(RecomputeModule(m) for m in value)
         kwargs[name] = value
     return ParallelConfig(**kwargs)
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from comet.config.parallel import ParallelConfig, Schedule
+from comet.config.cluster import load_cluster
+from comet.config.parallel import ParallelConfig, Precision, Recompute, Schedule
 from comet.errors import ConfigError
 
 
@@ -38,3 +39,36 @@ def test_gqa_kv_heads_must_divide_tp():
     m = ModelSpec(name="gqa", layers=4, hidden=1024, heads=16, kv_heads=2, vocab=1000, seq_len=128)
     with pytest.raises(ConfigError, match=r"kv_heads \(2\) must be divisible by tp \(4\)"):
         ParallelConfig(tp=4, gpus=4, global_batch=4).resolve(m)
+
+
+def test_resolve_makes_enum_values_given_as_strings_members():
+    # the models compare members by identity; a string equal to a member (what a journal or a hand-built
+    # configuration may hold) was evaluated as another configuration, while hashing equal to the member
+    import enum
+
+    from comet.config.model import load_model
+    from comet.config.parallel import RecomputeModule, SelectivePolicy
+    from comet.evaluate import evaluate
+    from comet.replay import cache
+
+    model = load_model("gpt3_175b")
+    as_members = ParallelConfig(global_batch=64, tp=8, pp=4, gpus=64, recompute=Recompute.SELECTIVE,
+                                selective_policy=SelectivePolicy.OP_SAC, precision=Precision.BF16)
+    as_strings = ParallelConfig(global_batch=64, tp=8, pp=4, gpus=64, recompute="selective",
+                                selective_policy="op_sac", precision="bf16", schedule="1f1b",
+                                recompute_modules=())
+    resolved = as_strings.resolve(model)
+    assert resolved == as_members.resolve(model)
+    for name in ("schedule", "recompute", "selective_policy", "precision", "moe_dispatcher"):
+        assert isinstance(getattr(resolved, name), enum.Enum), name
+    modules = ParallelConfig(global_batch=64, tp=8, pp=4, gpus=64, recompute=Recompute.SELECTIVE,
+                             recompute_modules=("layernorm",)).resolve(model).recompute_modules
+    assert modules == (RecomputeModule.LAYERNORM,) and modules[0] is RecomputeModule.LAYERNORM
+    with pytest.raises(ConfigError, match="selective_policy"):
+        ParallelConfig(global_batch=64, tp=8, pp=4, gpus=64, selective_policy="nope").resolve(model)
+    # the same figures whichever was evaluated first
+    cluster = load_cluster("h100_dgx")
+    cache.clear()
+    first = evaluate(model, cluster, as_strings).step_time_s
+    cache.clear()
+    assert evaluate(model, cluster, as_members).step_time_s == first

@@ -49,3 +49,32 @@ def test_resumed_journal_keeps_earlier_lines(tmp_path):
     again.flush()
     again.compact()
     assert Journal(path).load() == {"a": {"key": "a", "v": 1}, "b": {"key": "b", "v": 2}}
+
+
+def test_a_record_rebuilds_every_enum_field_as_its_member():
+    # the rules and models compare enum members by identity: a value read back from the journal as a
+    # string (selective_policy, recompute_modules) hashed and compared equal to the member, so the cache
+    # served the member's figures after the configuration was seen and the string's otherwise (a timeline
+    # drawn on a Ray worker differed from the serial one)
+    import dataclasses
+    import enum
+    import json
+
+    from comet.config.moe import Dispatcher
+    from comet.config.parallel import (OffloadTarget, ParallelConfig, Precision, Recompute, RecomputeModule,
+                                       Schedule, SelectivePolicy)
+    from comet.search.context import _parallel_forms
+    from comet.search.driver import candidate_from_record
+
+    par = ParallelConfig(global_batch=256, tp=4, pp=8, gpus=128, vpp=2, schedule=Schedule.INTERLEAVED,
+                         recompute=Recompute.SELECTIVE, selective_policy=SelectivePolicy.OP_SAC,
+                         recompute_modules=(RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT),
+                         precision=Precision.FP8, moe_dispatcher=Dispatcher.ALLGATHER,
+                         offload=(OffloadTarget.OPTIMIZER,))
+    rec = {"key": "k", "number": 0, "provision": {}, "parallel": json.loads(_parallel_forms(par)[2])}
+    back = candidate_from_record(rec).parallel
+    assert back == par
+    for f in dataclasses.fields(par):
+        want, got = getattr(par, f.name), getattr(back, f.name)
+        for w, g in zip(want, got) if isinstance(want, tuple) else ((want, got),):
+            assert type(g) is type(w) and (g is w if isinstance(w, enum.Enum) else g == w), f.name
