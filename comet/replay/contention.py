@@ -30,6 +30,7 @@ from comet.graph.block import block_ops
 from comet.graph.ir import OpKind, StepGraph
 from comet.hardware.network import members_in_domain
 from comet.replay import cache
+from comet.replay.cache import Signature
 from comet.replay.kernels import HAVE_NUMBA
 from comet.replay.tail_kernels import nic_rate, serial_shared_rows
 from comet.replay.schedule import task_kinds
@@ -82,21 +83,27 @@ def _block_nic_s(g, cluster: ClusterSpec, timed, crossing: dict | None = None) -
     return max(per_rank.values(), default=0.0)
 
 
+def nic_key(graph: StepGraph, kinds: tuple) -> Signature:
+    """The graph's part of the backward NIC seconds' key (dp_nic_rate)."""
+    return Signature((cache.object_key(graph.stages), cache.object_key(graph.blocks), cache.object_key(kinds),
+                      graph.plan.p2p_bytes))
+
+
 def dp_nic_rate(graph: StepGraph, cluster: ClusterSpec, b_dur: np.ndarray, timed, precision: str = "",
-                groups=None, kinds: tuple | None = None) -> np.ndarray | None:
+                groups=None, kinds: tuple | None = None, graph_key: Signature | None = None) -> np.ndarray | None:
     """Per stage, the share of the NIC left to its DP stream while its backward tasks run (see the
     module doc); None where no stage's DP stream and backward traffic meet on the NIC. `timed(op)`:
     the op's duration (replay.timing.timed_s on this cluster and precision); `b_dur[stage, chunk]`:
     backward task durations; `groups`: stages sharing one StageSync (tails.StageGroups), or None (each
-    stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it."""
+    stage on its own); `kinds`: schedule.task_kinds(plan) when the caller has it, `graph_key`: its
+    nic_key (step._GraphFacts keeps it per graph)."""
     plan = graph.plan
     kinds = kinds or task_kinds(plan)
     # perf: the backward's NIC seconds read the stage syncs (which buckets cross the NIC), the blocks and
     # the task kinds (their ops carry any measured duration), the pipeline message, the network and the
     # precision: a search evaluates one configuration on many clusters and many global batches, and
     # clusters that differ outside the network share them (read-only array)
-    key = ("backward NIC seconds", cache.object_key(graph.stages), cache.object_key(graph.blocks), cache.object_key(kinds),
-           plan.p2p_bytes, cache.network_key(cluster), precision)
+    key = ("backward NIC seconds", graph_key or nic_key(graph, kinds), cache.network_key(cluster), precision)
     nic = cache.facts.get_or(key, lambda: _read_only(_backward_nic_s(graph, cluster, timed, precision, groups, kinds)))
     if nic is None:
         return None

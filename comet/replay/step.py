@@ -12,11 +12,11 @@ from comet.config.cluster import ClusterSpec
 from comet.graph.ir import Op, StepGraph
 from comet.replay import cache, periodic, pipeline
 from comet.replay.blocks import BlockTiming, time_blocks
-from comet.replay.contention import dp_nic_rate
+from comet.replay.contention import dp_nic_rate, nic_key
 from comet.replay.pipeline import PipelineSummary, StagePrograms, summarize
 from comet.replay.pipeline import run as run_pipeline
 from comet.replay.schedule import task_kinds
-from comet.replay.tails import StageTail, StageTails, _stage_groups_shared, _sync_times, _tails
+from comet.replay.tails import StageTail, StageTails, _stage_groups_shared, _sync_times, _tails, statics_key
 from comet.replay.timing import p2p_s, timed_s
 from comet.result import BREAKDOWN_KEYS
 
@@ -93,12 +93,13 @@ def _kinds_block_parts(kinds: list, blocks: dict[str, BlockTiming]) -> list[dict
 
 
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tuple, cluster: ClusterSpec,
-                task_kinds_):
+                task_kinds_, kinds_key: tuple | None = None):
     """Durations and parts of every (stage, chunk) forward and backward task; `task_kinds_`:
-    schedule.task_kinds(graph.plan); `blocks_key`: _block_timings' identity key of `blocks`."""
+    schedule.task_kinds(graph.plan), `kinds_key` its kinds' cache.object_key; `blocks_key`:
+    _block_timings' identity key of `blocks`."""
     plan = graph.plan
     kinds, f_kind, b_kind = task_kinds_
-    kinds_key = cache.object_key(kinds)
+    kinds_key = kinds_key or cache.object_key(kinds)
 
     # the overlapped pipeline send's exposed seconds per send stride (builder.build_plan)
     sends = {stride: plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)
@@ -143,13 +144,37 @@ def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_
                               timed)
 
 
+class _GraphFacts:
+    """What the step reads of a graph alone: its task kinds (schedule.task_kinds), its stage groups
+    (tails.StageGroups, the object the "stage groups" entry shares) and the graph's part of the keys of
+    the entries below, built once. perf (i21s-step): a candidate on a known graph (a new network) makes
+    one look-up here, where it made two and built six identity keys; the key parts are Signatures (their
+    hash computed once: the plan's layer split is not hashed again per look-up)."""
+    __slots__ = ("groups", "kinds", "kinds_key", "nic_key", "statics_key", "sync_key")
+
+    def __init__(self, graph: StepGraph):
+        plan = graph.plan
+        self.kinds = kinds = task_kinds(plan)
+        self.kinds_key = cache.object_key(kinds[0])
+        self.groups = groups = _stage_groups_shared(graph)
+        stages_key = cache.object_key(graph.stages)
+        self.sync_key = cache.Signature((stages_key, plan.chunk_layers))
+        self.nic_key = nic_key(graph, kinds)
+        self.statics_key = statics_key(groups, plan)
+
+
+def _graph_facts(graph: StepGraph) -> _GraphFacts:
+    # perf: the graph is the cached one (read-only): its facts are looked up once per graph object
+    return cache.facts.get_or(("step graph facts", cache.object_key(graph)), lambda: _GraphFacts(graph))
+
+
 def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_block_replays: bool = False) -> StepReplay:
     blocks, blocks_key = _block_timings(graph, cluster, precision, keep_block_replays)
     plan = graph.plan
     pp, m = plan.pp, plan.num_microbatches
-    # perf: the plan is the cached graph's (read-only); its task kinds are looked up once per plan object
-    kinds = cache.facts.get_or(("task kinds", cache.object_key(plan)), lambda: task_kinds(plan))
-    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds)
+    facts = _graph_facts(graph)
+    kinds = facts.kinds
+    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds, facts.kinds_key)
 
     memo: dict = {}
 
@@ -160,7 +185,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
             memo[key] = timed_s(op, cluster, precision)
         return memo[key]
 
-    groups = _stage_groups_shared(graph)
+    groups = facts.groups
     gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
     if keep_block_replays:
         f_release, gather_end = _sync_times(graph, groups, t, cluster, gather_events)[:2]
@@ -169,13 +194,14 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
         # perf: the sync collectives read the stage syncs, the plan's layer split and the network: shared
         # by the candidates whose configurations differ only in the global batch (evaluate._built shares
         # the stage syncs), read-only
-        key = ("sync times", cache.object_key(graph.stages), plan.chunk_layers, cache.network_key(cluster), precision)
+        key = ("sync times", facts.sync_key, cache.network_key(cluster), precision)
         f_release, gather_end, *sync_s = cache.facts.get_or(key, lambda: _read_only(*_sync_times(graph, groups, t,
                                                                                                 cluster)))
     summary = _summary_shared(plan, f_dur, b_dur, f_release)
-    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds)   # NIC shared by DP and backward traffic (contention.py)
+    # NIC shared by DP and backward traffic (contention.py)
+    dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds, facts.nic_key)
     tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
-                   blocks_key=blocks_key, sync_s=sync_s)
+                   blocks_key=blocks_key, sync_s=sync_s, graph_key=facts.statics_key)
     crit = int(tails.end.argmax())   # perf: the method, not np.argmax's dispatch (~1 us)
     breakdown = _breakdown(summary, m, tails[crit], crit, f_parts, b_parts)
     return StepReplay(float(tails.end[crit]), breakdown, crit, tails.end, blocks, tails, f_parts, b_parts, plan,

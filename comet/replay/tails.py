@@ -21,6 +21,7 @@ from comet.hardware.network import collective_time_s
 from comet.replay import cache
 from comet.replay.contention import serial_shared
 from comet.replay.kernels import HAVE_NUMBA
+from comet.replay.cache import Signature
 from comet.replay.pipeline import PipelineSummary
 from comet.replay.tail_kernels import shared_bucket_stream, sorted_bucket_stream_end, stage_tails
 
@@ -172,15 +173,17 @@ class StageTails(Sequence):
 
 def _tails(graph: StepGraph, cluster: ClusterSpec, precision: str, groups: dict, summary: PipelineSummary,
            gather_end: np.ndarray, t, blocks, events: list | None = None, dp_rate: np.ndarray | None = None, *,
-           blocks_key: tuple, sync_s: list | None = None) -> StageTails:
+           blocks_key: tuple, sync_s: list | None = None, graph_key: Signature | None = None) -> StageTails:
     """Each stage's DP stream, tied-embedding sync and optimizer. `events`: per stage, the DP stream's
     (name, start, end) so far, extended here (for the timeline); None: not recorded. `sync_s`:
-    _sync_times' last two of this graph and network, where known."""
+    _sync_times' last two of this graph and network, where known; `graph_key`: the graph's
+    statics_key, where known."""
     plan = graph.plan
     pp = plan.pp
     last_b_start = summary.last_b_start                            # (stage, chunk)
     record = events is not None
-    statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t)
+    statics = _tail_statics(graph, groups, blocks, blocks_key, (cache.compute_key(cluster), precision), t,
+                            graph_key or statics_key(groups, plan))
     if statics.fused is not None and sync_s is not None and dp_rate is not None and HAVE_NUMBA and not record:
         # perf: every stage's DP stream, embedding sync and optimizer in one compiled pass (the
         # arithmetic below, bit for bit; tests/replay/test_contention.py)
@@ -343,8 +346,13 @@ def _fused_statics(groups: StageGroups, terms_of: list, adam_link: list, emb: tu
     return np.array(ints, dtype=np.int64), np.array(floats, dtype=float), np.array(emb, dtype=np.int64)
 
 
+def statics_key(groups: StageGroups, plan) -> Signature:
+    """The graph's part of the tail statics' key (_tail_statics)."""
+    return Signature((cache.object_key(groups), plan.recompute_layers, plan.chunk_layer_kinds))
+
+
 def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_key: tuple, compute_key: tuple,
-                  t) -> _TailStatics:
+                  t, graph_key: Signature) -> _TailStatics:
     """_TailStatics, shared by the candidates of one graph whose blocks are timed alike (the same cached
     BlockTiming objects, held by `blocks_key`) on GPUs alike (`compute_key`: (cache.compute_key,
     precision)); compute and copy kernel times read only that (cache.COMPUTE_FIELDS), so clusters that
@@ -369,11 +377,9 @@ def _tail_statics(graph: StepGraph, groups: StageGroups, blocks: dict, blocks_ke
     # perf: keyed by what it reads (the stage syncs, shared by configurations equal but for the global
     # batch, and the plan's layer split), not by the graph object. perf (i20s-step): the stage syncs and
     # the split (pp, vpp, layers) through the StageGroups object, which the "stage groups" entry keeps
-    # per (stage syncs, pp, vpp, layers): one identity, not the 64-entry split hashed again
-    plan = graph.plan
-    key = ("tail statics", cache.object_key(groups), plan.recompute_layers, plan.chunk_layer_kinds, blocks_key,
-           compute_key)
-    return cache.facts.get_or(key, build)
+    # per (stage syncs, pp, vpp, layers): one identity, not the 64-entry split hashed again; `graph_key`:
+    # statics_key(groups, plan), a Signature (its hash computed once per graph, i21s-step)
+    return cache.facts.get_or(("tail statics", graph_key, blocks_key, compute_key), build)
 
 
 def bucket_ready_offsets(graph: StepGraph, blocks: dict, stage: int, bs) -> np.ndarray:
