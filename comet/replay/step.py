@@ -94,7 +94,8 @@ def _kinds_block_parts(kinds: list, blocks: dict[str, BlockTiming]) -> list[dict
 
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tuple, cluster: ClusterSpec,
                 task_kinds_, kinds_key: tuple | None = None):
-    """Durations and parts of every (stage, chunk) forward and backward task; `task_kinds_`:
+    """Durations and parts of every (stage, chunk) forward and backward task, and the durations in the
+    task-level kernels' layout (_durations_layout); `task_kinds_`:
     schedule.task_kinds(graph.plan), `kinds_key` its kinds' cache.object_key; `blocks_key`:
     _block_timings' identity key of `blocks`."""
     plan = graph.plan
@@ -120,7 +121,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
         dur_of = np.array(dur_of)
         f_dur, b_dur = dur_of[f_kind], dur_of[b_kind]
         f_dur.flags.writeable = b_dur.flags.writeable = False   # shared: read-only from here on
-        return f_dur, b_dur, TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind)
+        return f_dur, b_dur, TaskParts(parts_of, f_kind), TaskParts(parts_of, b_kind), _durations_layout(f_dur, b_dur)
 
     # perf: a task kind's parts are read from its BlockTimings (shared objects from cache.replays: clusters
     # that time a block alike give the same object) and the send; `blocks_key` holds the objects, so ids
@@ -174,7 +175,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     pp, m = plan.pp, plan.num_microbatches
     facts = _graph_facts(graph)
     kinds = facts.kinds
-    f_dur, b_dur, f_parts, b_parts = _task_parts(graph, blocks, blocks_key, cluster, kinds, facts.kinds_key)
+    f_dur, b_dur, f_parts, b_parts, dur_layout = _task_parts(graph, blocks, blocks_key, cluster, kinds, facts.kinds_key)
 
     memo: dict = {}
 
@@ -189,15 +190,15 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     gather_events = [[] for _ in range(pp)] if keep_block_replays else None   # (name, start, end): the timeline's
     if keep_block_replays:
         f_release, gather_end = _sync_times(graph, groups, t, cluster, gather_events)[:2]
-        sync_s = None
+        sync_s = release_layout = None
     else:
         # perf: the sync collectives read the stage syncs, the plan's layer split and the network: shared
         # by the candidates whose configurations differ only in the global batch (evaluate._built shares
         # the stage syncs), read-only
         key = ("sync times", facts.sync_key, cache.network_key(cluster), precision)
-        f_release, gather_end, *sync_s = cache.facts.get_or(key, lambda: _read_only(*_sync_times(graph, groups, t,
-                                                                                                cluster)))
-    summary = _summary_shared(plan, f_dur, b_dur, f_release)
+        f_release, gather_end, *sync_s, release_layout = cache.facts.get_or(key, lambda: _sync_entry(graph, groups, t,
+                                                                                                        cluster))
+    summary = _summary_shared(plan, f_dur, b_dur, f_release, dur_layout, release_layout)
     # NIC shared by DP and backward traffic (contention.py)
     dp_rate = dp_nic_rate(graph, cluster, b_dur, t, precision, groups, kinds, facts.nic_key)
     tails = _tails(graph, cluster, precision, groups, summary, gather_end, t, blocks, gather_events, dp_rate=dp_rate,
@@ -214,16 +215,39 @@ def _read_only(*arrays: np.ndarray) -> tuple:
     return arrays
 
 
-def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.ndarray) -> PipelineSummary:
+def _sync_entry(graph: StepGraph, groups, t, cluster: ClusterSpec) -> tuple:
+    """_sync_times' arrays (read-only) and the releases in the task-level kernels' layout."""
+    f_release, *rest = _read_only(*_sync_times(graph, groups, t, cluster))
+    return (f_release, *rest, _release_layout(f_release))
+
+
+# perf (i21s-step): the task-level kernels' layout of the durations and releases, and their bytes (the
+# summary's key), built with the entries that hold the task durations and the releases, not per call:
+# ~1.8 us of every candidate (a cheap search candidate's summary look-up: ~2.5 -> ~0.7 us on a hit)
+def _durations_layout(f_dur: np.ndarray, b_dur: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """(stage, phase, chunk) durations, float64 and contiguous, and their bytes (one concatenate, not
+    stack + astype). Shared: read-only by convention (left writable: the compiled task-level kernels are
+    typed, and compiled, for a writable array here)."""
+    dur = np.concatenate((f_dur, b_dur), axis=1, dtype=float).ravel()
+    return dur, dur.tobytes()
+
+
+def _release_layout(f_release: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """(stage, chunk) releases, float64 and contiguous, and their bytes."""
+    release = np.ascontiguousarray(f_release, dtype=float).ravel()
+    return release, release.tobytes()
+
+
+def _summary_shared(plan, f_dur: np.ndarray, b_dur: np.ndarray, f_release: np.ndarray,
+                    dur_layout: tuple | None = None, release_layout: tuple | None = None) -> PipelineSummary:
     """The task level's per-stage figures, shared by candidates whose task durations and releases are
     equal bit for bit (clusters that differ in HBM, prices, or a part of the network that no task, send or
-    early parameter gather crosses): the summary reads nothing else (pipeline.summarize)."""
+    early parameter gather crosses): the summary reads nothing else (pipeline.summarize).
+    `dur_layout`, `release_layout`: _durations_layout(f_dur, b_dur) and _release_layout(f_release),
+    where the caller has them."""
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
-    # perf: the kernels' layout, (stage, phase, chunk) durations and (stage, chunk) releases, built once
-    # and read as bytes for the keys (one concatenate, not stack + astype: ~6 -> 2 us)
-    dur = np.concatenate((f_dur, b_dur), axis=1, dtype=float).ravel()
-    release = np.ascontiguousarray(f_release, dtype=float).ravel()
-    dur_bits, release_bits = dur.tobytes(), release.tobytes()
+    dur, dur_bits = dur_layout or _durations_layout(f_dur, b_dur)
+    release, release_bits = release_layout or _release_layout(f_release)
 
     def run() -> PipelineSummary:
         if pipeline.HAVE_NUMBA:
