@@ -93,29 +93,27 @@ def _kinds_block_parts(kinds: list, blocks: dict[str, BlockTiming]) -> list[dict
 
 
 def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tuple, cluster: ClusterSpec,
-                task_kinds_, kinds_key: tuple | None = None):
+                facts: _GraphFacts):
     """Durations and parts of every (stage, chunk) forward and backward task, and the durations in the
-    task-level kernels' layout (_durations_layout); `task_kinds_`:
-    schedule.task_kinds(graph.plan), `kinds_key` its kinds' cache.object_key; `blocks_key`:
+    task-level kernels' layout (_durations_layout); `facts`: the graph's (_graph_facts); `blocks_key`:
     _block_timings' identity key of `blocks`."""
     plan = graph.plan
-    kinds, f_kind, b_kind = task_kinds_
-    kinds_key = kinds_key or cache.object_key(kinds)
+    kinds, f_kind, b_kind = facts.kinds
 
-    # the overlapped pipeline send's exposed seconds per send stride (builder.build_plan)
-    sends = {stride: plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)
-             for stride in dict.fromkeys(stride for _, stride in kinds) if stride is not None}
+    # the overlapped pipeline send's exposed seconds per send stride (builder.build_plan); perf (i21s-step):
+    # the strides found once per graph (_GraphFacts), the pairs are the key
+    sends = tuple((stride, plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)) for stride in facts.send_strides)
 
     def per_kind() -> tuple:
         # perf (i18s-step): the kinds' block parts in one entry, read by every network (one entry per
         # kind before: six look-ups and key tuples on a cold call)
-        block_parts = cache.facts.get_or(("kinds block parts", kinds_key, blocks_key),
+        block_parts = cache.facts.get_or(("kinds block parts", facts.kinds_key, blocks_key),
                                          lambda: _kinds_block_parts(kinds, blocks))
-        parts_of, dur_of = [], []
+        parts_of, dur_of, send_of = [], [], dict(sends)
         for (_, stride), of_blocks in zip(kinds, block_parts):
             parts = dict(of_blocks)
             if stride is not None:
-                parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + sends[stride]
+                parts["exposed_pp"] = parts.get("exposed_pp", 0.0) + send_of[stride]
             parts_of.append(parts)
             dur_of.append(sum(parts.values()))
         dur_of = np.array(dur_of)
@@ -127,7 +125,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
     # that time a block alike give the same object) and the send; `blocks_key` holds the objects, so ids
     # stay unique. The (stage, chunk) durations and parts tables are shared too (read-only; `kinds` holds
     # the kind arrays), and with them the rows TaskParts builds for the breakdown.
-    return cache.facts.get_or(("task kind parts", kinds_key, blocks_key, tuple(sends.items())), per_kind)
+    return cache.facts.get_or(("task kind parts", facts.kinds_key, blocks_key, sends), per_kind)
 
 
 def _block_timings(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_replays: bool) -> tuple[dict, tuple]:
@@ -151,12 +149,14 @@ class _GraphFacts:
     the entries below, built once. perf (i21s-step): a candidate on a known graph (a new network) makes
     one look-up here, where it made two and built six identity keys; the key parts are Signatures (their
     hash computed once: the plan's layer split is not hashed again per look-up)."""
-    __slots__ = ("groups", "kinds", "kinds_key", "nic_key", "statics_key", "sync_key")
+    __slots__ = ("groups", "kinds", "kinds_key", "nic_key", "send_strides", "statics_key", "sync_key")
 
     def __init__(self, graph: StepGraph):
         plan = graph.plan
         self.kinds = kinds = task_kinds(plan)
         self.kinds_key = cache.object_key(kinds[0])
+        # the pipeline sends' distinct strides, in the kinds' order
+        self.send_strides = tuple(s for s in dict.fromkeys(stride for _, stride in kinds[0]) if s is not None)
         self.groups = groups = _stage_groups_shared(graph)
         stages_key = cache.object_key(graph.stages)
         self.sync_key = cache.Signature((stages_key, plan.chunk_layers))
@@ -175,7 +175,7 @@ def replay_step(graph: StepGraph, cluster: ClusterSpec, precision: str, keep_blo
     pp, m = plan.pp, plan.num_microbatches
     facts = _graph_facts(graph)
     kinds = facts.kinds
-    f_dur, b_dur, f_parts, b_parts, dur_layout = _task_parts(graph, blocks, blocks_key, cluster, kinds, facts.kinds_key)
+    f_dur, b_dur, f_parts, b_parts, dur_layout = _task_parts(graph, blocks, blocks_key, cluster, facts)
 
     memo: dict = {}
 
