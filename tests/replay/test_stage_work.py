@@ -92,24 +92,34 @@ def test_crosses_nic_reads_the_first_level_of_the_span(size, stride, inner, leve
 _SMALL = ModelSpec(name="small", layers=12, hidden=2048, heads=16, vocab=32000, seq_len=2048)
 
 
-@settings(max_examples=120, deadline=None)
-@given(data=st.data())
-def test_sync_times_direct_collectives_equal_timed_ops(h100, data):
-    # _sync_times times a modelled sync collective by network.collective_time_s directly (i20s-step); the
-    # reference is every op through replay.timing.timed_s (the per-transfer network cache): bit for bit,
-    # on the H100 spec's network (NVLS, a fat-tree tier) and the same network with one NIC per 4 GPUs
+def random_graph(data, h100, zero_max: int = 1, batches=st.just(2)) -> tuple:
+    """A small model's step graph on a random (tp, pp, dp, ZeRO, interleaving) configuration, on the H100
+    spec's network or the same network with one NIC per 4 GPUs; (None, None) where it does not resolve.
+    `batches`: micro-batches per pipeline stage and DP rank (no interleaving)."""
     tp, pp, dp = data.draw(st.sampled_from([1, 2, 8])), data.draw(st.integers(1, 5)), data.draw(st.sampled_from([1, 2, 4, 16]))
-    par = dict(tp=tp, pp=pp, gpus=tp * pp * dp, global_batch=dp * pp * 2, zero=data.draw(st.integers(0, 1)),
-               overlap_param_gather=data.draw(st.booleans()))
+    par = dict(tp=tp, pp=pp, gpus=tp * pp * dp, global_batch=dp * pp * data.draw(batches),
+               zero=data.draw(st.integers(0, zero_max)), overlap_param_gather=data.draw(st.booleans()))
     if pp > 1 and data.draw(st.booleans()):
         par.update(vpp=2, schedule=Schedule.INTERLEAVED, global_batch=dp * pp * 4)
     model = dataclasses.replace(_SMALL, tied_embeddings=data.draw(st.booleans()))
     cluster = h100 if data.draw(st.booleans()) else dataclasses.replace(
         h100, network=(dataclasses.replace(h100.network[0], size=4),) + h100.network[1:])
     try:
-        graph = build_step_graph(model, resolve(model, cluster, ParallelConfig(**par)))
+        return build_step_graph(model, resolve(model, cluster, ParallelConfig(**par))), cluster
     except ConfigError:
+        return None, None
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_sync_times_direct_collectives_equal_timed_ops(h100, data):
+    # _sync_times times a modelled sync collective by network.collective_time_s directly (i20s-step); the
+    # reference is every op through replay.timing.timed_s (the per-transfer network cache): bit for bit,
+    # on the H100 spec's network (NVLS, a fat-tree tier) and the same network with one NIC per 4 GPUs
+    graph, cluster = random_graph(data, h100)
+    if graph is None:
         return
+    pp = graph.plan.pp
     groups = _stage_groups(graph)
     t = lambda op: timed_s(op, cluster, "bf16")    # noqa: E731
     events = [[] for _ in range(pp)]

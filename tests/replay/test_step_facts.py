@@ -1,44 +1,22 @@
 """replay_step's per-graph facts and prebuilt task-level layouts (comet/replay/step.py, branch
 i21s-step) against the path that builds every key and layout per call, on random configurations."""
 
-import dataclasses
-
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from comet.config.model import ModelSpec
-from comet.config.parallel import ParallelConfig, Schedule
-from comet.errors import ConfigError
-from comet.evaluate import resolve
 from comet.replay import cache, step
 from comet.replay.contention import nic_key
 from comet.replay.schedule import task_kinds
 from comet.replay.tails import _stage_groups_shared, statics_key
-from comet.workload.builder import build_step_graph
 
-_SMALL = ModelSpec(name="small", layers=12, hidden=2048, heads=16, vocab=32000, seq_len=2048)
-
-
-def _graph(data, h100):
-    tp, pp, dp = data.draw(st.sampled_from([1, 2, 8])), data.draw(st.integers(1, 5)), data.draw(st.sampled_from([1, 2, 4, 16]))
-    par = dict(tp=tp, pp=pp, gpus=tp * pp * dp, global_batch=dp * pp * data.draw(st.integers(1, 4)),
-               zero=data.draw(st.integers(0, 3)), overlap_param_gather=data.draw(st.booleans()))
-    if pp > 1 and data.draw(st.booleans()):
-        par.update(vpp=2, schedule=Schedule.INTERLEAVED, global_batch=dp * pp * 4)
-    model = dataclasses.replace(_SMALL, tied_embeddings=data.draw(st.booleans()))
-    cluster = h100 if data.draw(st.booleans()) else dataclasses.replace(
-        h100, network=(dataclasses.replace(h100.network[0], size=4),) + h100.network[1:])
-    try:
-        return build_step_graph(model, resolve(model, cluster, ParallelConfig(**par))), cluster
-    except ConfigError:
-        return None, None
+from test_stage_work import random_graph
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_step_with_graph_facts_equals_the_per_call_path(h100, data):
-    graph, cluster = _graph(data, h100)
+    graph, cluster = random_graph(data, h100, zero_max=3, batches=st.integers(1, 4))
     assume(graph is not None)
     cache.clear()
     fast = step.replay_step(graph, cluster, "bf16")
@@ -58,7 +36,7 @@ def test_step_with_graph_facts_equals_the_per_call_path(h100, data):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_graph_facts_hold_the_keys_built_per_call(h100, data):
-    graph, _ = _graph(data, h100)
+    graph, _ = random_graph(data, h100, zero_max=3, batches=st.integers(1, 4))
     assume(graph is not None)
     cache.clear()
     facts = step._graph_facts(graph)
