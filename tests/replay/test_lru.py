@@ -92,3 +92,20 @@ def test_get_add_put_and_get_or_interleaved_keep_each_key_to_its_value():
             lru.put(k, value(k))
         assert len(lru) <= 12 + 1 and all(v == value(key) for key, v in lru.items())
     assert lru.hits > 500 and lru.misses > 100
+
+
+def test_canonical_returns_the_first_stored_equal_key_and_stays_bounded():
+    """LRU.canonical (the block-signature intern table): an equal key gives back the object stored
+    first, the table keeps its bound, and disabled() hands back the key itself."""
+    rng = random.Random(5)
+    lru, first = cache.LRU(8), {}
+    for _ in range(500):
+        key = (rng.randrange(20), "k")     # a new, equal tuple each time
+        got = lru.canonical(key)
+        assert got == key and len(lru) <= 8
+        if got is not key:                 # a hit: the stored object, still the one kept first
+            assert got is first[key]
+        first[key] = got
+    with cache.disabled():
+        key = (1, "k")
+        assert lru.canonical(key) is key
