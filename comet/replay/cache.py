@@ -259,39 +259,61 @@ _object_keys: dict[int, tuple] = {}   # id -> object_key's tuple (holds the obje
 _OBJECT_KEYS = 256
 
 
-class Signature:
+class Signature(int):
     """A hashable value with its hash computed once (a block's content is a few hundred fields).
     `hash_value`: the value's hash when the caller has a cheaper one than hash(value); every
     Signature of one kind of value must be hashed the same way (equal values, equal hashes)."""
-    __slots__ = ("_value", "_hash")
 
-    def __init__(self, value: tuple, hash_value: int | None = None):
+    # perf (i21c-cache): the object is the int of its hash, so a cache key holding it is hashed in C
+    # (int.__hash__) instead of through a Python-level __hash__ (~66 a cold call, one per block look-up);
+    # equality stays by value (only __eq__ / __ne__ are Python, and a look-up of an interned signature
+    # matches by identity before either runs). Only ==, != and hash are meant for it, not arithmetic.
+    # An int subclass cannot have slots: the value lives in the instance __dict__.
+
+    def __new__(cls, value: tuple, hash_value: int | None = None):
+        self = int.__new__(cls, hash(value) if hash_value is None else hash_value)
         self._value = value
-        self._hash = hash(value) if hash_value is None else hash_value
+        return self
+
+    def __reduce__(self):
+        return _signature_of, (type(self), self.__dict__, int(self))
 
     @property
     def value(self) -> tuple:
         return self._value
 
-    def __hash__(self) -> int:
-        return self._hash
+    __hash__ = int.__hash__
 
     def __eq__(self, other) -> bool:
-        return self is other or (isinstance(other, Signature) and self._hash == other._hash
+        return self is other or (isinstance(other, Signature) and int.__eq__(self, other)
                                  and self.value == other.value)
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(hash={int(self)})"
+
+
+def _signature_of(cls, state: dict, hash_value: int) -> Signature:
+    """A pickled Signature back: its hash as the int, its attributes as they were."""
+    self = int.__new__(cls, hash_value)
+    self.__dict__.update(state)
+    return self
 
 
 class BlockSignature(Signature):
     """A block's signature: its content (graph.block.content) hashed by graph.block.content_hash, its
     ops in node order at hand (`ops`). perf: a Block's content tuple is built only when the signature
     is compared with another of the same hash (never on a cold call: ~10 us on the flagship's blocks)."""
-    __slots__ = ("ops", "_edges")
 
-    def __init__(self, ops: list, edges: list | None, value: tuple | None = None):
-        self.ops = ops
-        self._edges = edges          # a Block's edge list while the content is not built
-        self._value = value
-        self._hash = content_hash(ops, len(edges if value is None else value[1]))
+    def __new__(cls, ops: list, edges: list | None, value: tuple | None = None):
+        self = int.__new__(cls, content_hash(ops, len(edges if value is None else value[1])))
+        state = self.__dict__
+        state["ops"] = ops
+        state["_edges"] = edges      # a Block's edge list while the content is not built
+        state["_value"] = value
+        return self
 
     @classmethod
     def of(cls, g) -> "BlockSignature":
@@ -443,18 +465,23 @@ def objects_key(objs: tuple) -> tuple:
     return (tuple(map(id, objs)), _Held(objs))
 
 
-class _Held:
+class _Held(int):
     """Holds a reference; equal to any other _Held (the id beside it carries the identity)."""
-    __slots__ = ("obj",)
+    # perf (i21c-cache): the int 0, so a key holding it is hashed in C (was a Python __hash__: ~18 a cold
+    # call); equality stays Python (a _Held never equals a plain 0), reached only when the ids beside match
 
-    def __init__(self, obj):
+    def __new__(cls, obj):
+        self = int.__new__(cls, 0)
         self.obj = obj
+        return self
 
-    def __hash__(self) -> int:
-        return 0
+    __hash__ = int.__hash__
 
     def __eq__(self, other) -> bool:
         return isinstance(other, _Held)
+
+    def __ne__(self, other) -> bool:
+        return not isinstance(other, _Held)
 
 
 def memoized(maxsize: int):
