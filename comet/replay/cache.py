@@ -65,8 +65,7 @@ class LRU:
             return compute()
         spare = self._spare
         entry = self._d.setdefault(key, spare)
-        self._clock += 1
-        entry[1] = self._clock
+        self._clock = entry[1] = self._clock + 1
         if entry is not spare:
             value = entry[0]
             if value is not _PENDING:

@@ -337,7 +337,9 @@ def _expert_state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tu
 
 
 # ---------------------------------------------------------------------------------------- per stage
-@dataclass(frozen=True)
+# perf (i21c-cache): a private record, not frozen (a frozen dataclass sets each field through
+# object.__setattr__: 0.85 -> ~0.35 us, two a configuration)
+@dataclass(slots=True)
 class _Stage:
     weights: float
     gradients: float
