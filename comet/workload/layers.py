@@ -84,8 +84,10 @@ class Dims:
 _last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dims) of the last Dims.of
 
 
-# perf: the builder's ops without Op.__init__'s check of field names (literals here; tested)
-_op = Op.unchecked
+# perf: the builder's methods write an Op's given fields straight into its instance dict, as
+# Op.unchecked does (the others read the class defaults), without the keyword arguments: ~0.25 vs
+# ~0.65 us an op, ~55 ops a GPT configuration (tests/workload/test_builder.py checks every op built)
+_new_op = object.__new__
 # perf: enum members bound once: on Python 3.11 a member read through its class costs ~0.09 us, and the
 # builder's methods read two to eight a op (group_geometry's chain of tests)
 _COMPUTE, _COLLECTIVE, _SEND, _MEMCPY = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND, OpKind.MEMCPY
@@ -109,12 +111,15 @@ class BlockBuilder:
         self.model = model
         self.fp8 = par.precision is Precision.FP8
 
-    def _add(self, op: Op, after, written: bool = False) -> int:
-        """`written`: the op's table row is written already (else derived from the op)."""
+    def _add(self, op: Op, after) -> int:
+        """An op built elsewhere (its table row derived from the op)."""
+        self.table.op(op)
+        return self._append(op, after)
+
+    def _append(self, op: Op, after) -> int:
+        """An op whose table row is written already."""
         nid = len(self.ops)
         self.ops.append(op)
-        if not written:
-            self.table.op(op)
         for u in after:
             if u is not None:
                 self.deps.append((u, nid))
@@ -130,8 +135,16 @@ class BlockBuilder:
             after = self._fp8_casts(name, m, n, k, after)
         dtype = 1 if fp8 else 2
         self.table.gemm(m, n, k, batch, dtype)
-        return self._add(_op(name, _COMPUTE, kernel=_GEMM, shape=(m, n, k, batch), flops=2.0 * m * n * k * batch,
-                             dtype_bytes=dtype, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COMPUTE
+        d["kernel"] = _GEMM
+        d["shape"] = (m, n, k, batch)
+        d["flops"] = 2.0 * m * n * k * batch
+        d["dtype_bytes"] = dtype
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def _fp8_casts(self, name: str, m: int, n: int, k: int, after) -> list:
         """The kernels that quantize an FP8 GEMM's operands (m x k is the activation or output gradient,
@@ -176,34 +189,74 @@ class BlockBuilder:
     def memory(self, name: str, nbytes: float, after=()) -> int:
         nbytes = float(nbytes)
         self.table.memory(nbytes)
-        return self._add(_op(name, _COMPUTE, kernel=_MEMORY, bytes=nbytes, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COMPUTE
+        d["kernel"] = _MEMORY
+        d["bytes"] = nbytes
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
         variant = "" if self.par.attention_kernel == "fused" else self.par.attention_kernel
         self.table.attention(flops, self.phase, variant)
-        return self._add(_op(name, _COMPUTE, kernel=_ATTENTION, flops=flops, shape=shape,
-                            variant=variant, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COMPUTE
+        d["kernel"] = _ATTENTION
+        d["flops"] = flops
+        d["shape"] = shape
+        d["variant"] = variant
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
         size, stride, stream = group_geometry(group, self.par)
         self.table.placed(TRANSFER, stream, _COLLECTIVE, group)
-        # perf: Enum._value_ is the member's value (.value is a Python-level property, ~0.3 us a read)
-        return self._add(_op(name, _COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
-                            group=group._value_, group_kind=group, group_size=size, group_stride=stride,
-                            flat_ring=flat_ring, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COLLECTIVE
+        d["stream"] = stream
+        d["collective"] = kind
+        d["msg_bytes"] = float(msg_bytes)
+        d["group"] = group._value_    # perf: Enum._value_ is the member's value (.value: a property, ~0.3 us)
+        d["group_kind"] = group
+        d["group_size"] = size
+        d["group_stride"] = stride
+        d["flat_ring"] = flat_ring
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
         size, stride, stream = group_geometry(group, self.par)
         self.table.placed(TRANSFER, stream, _SEND, group)
-        return self._add(_op(name, _SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
-                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after,
-                         True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _SEND
+        d["stream"] = stream
+        d["msg_bytes"] = float(msg_bytes)
+        d["group"] = group._value_
+        d["group_kind"] = group
+        d["group_size"] = size
+        d["group_stride"] = stride
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
         self.table.placed(LEFT_OUT, OFFLOAD_STREAM, _MEMCPY, None)
-        return self._add(_op(name, _MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
-                         after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _MEMCPY
+        d["stream"] = OFFLOAD_STREAM
+        d["bytes"] = float(nbytes)
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def done(self) -> nx.DiGraph:
         """The block (a DiGraph, built on first use): ops in insertion order, data edges, and stream
