@@ -32,8 +32,10 @@ def replace_fields(obj: T, **changes) -> T:
         if name not in fields:   # replace() raises the same
             raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
     new = object.__new__(cls)
-    state = new.__dict__
-    state.update(obj.__dict__)
+    # perf (i21c-cache): the fields copied in one C call and the copy set as the new object's __dict__
+    # (was an update of the new object's own): a resolved ParallelConfig with its four kept values
+    # 2.29 -> 1.66 us (~4 a cold call), one without them 1.47 -> 1.54 us (measured in one process)
+    state = obj.__dict__.copy()
     if len(state) != len(fields):   # values kept beside the fields (a cached hash): not the new object's
         # perf (i18g-glue): they are stored after the fields (__init__ and a copy store every field
         # first), so the tail is looked at first (1.8 against 4.3 us with four kept values); the whole
@@ -45,4 +47,8 @@ def replace_fields(obj: T, **changes) -> T:
             for name in [name for name in state if name not in fields]:
                 del state[name]
     state.update(changes)
+    _set_attribute(new, "__dict__", state)     # a frozen dataclass refuses its own __setattr__
     return new
+
+
+_set_attribute = object.__setattr__

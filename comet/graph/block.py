@@ -75,6 +75,7 @@ class Block(nx.DiGraph):
     def _materialize(self) -> None:
         ops, edges = self.__dict__.pop("_lists")
         self.__dict__.pop("_table", None)
+        self.__dict__.pop("_signature", None)   # cache.block_signature's: the graph may be edited from here on
         self.__class__ = nx.DiGraph         # from here on an ordinary graph, edited like any other
         nx.DiGraph.__init__(self)
         self.add_nodes_from((i, {"op": op}) for i, op in enumerate(ops))

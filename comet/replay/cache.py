@@ -25,7 +25,7 @@ from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable
 
 from comet.config.frozen import replace_fields
-from comet.graph.block import block_lists, content as block_content, content_hash, lists_content
+from comet.graph.block import Block, block_lists, content as block_content, content_hash, lists_content
 from comet.hardware import network as network_model
 
 # Sizes bound memory, not correctness: a miss recomputes. A block entry is a few hundred bytes.
@@ -65,8 +65,7 @@ class LRU:
             return compute()
         spare = self._spare
         entry = self._d.setdefault(key, spare)
-        self._clock += 1
-        entry[1] = self._clock
+        self._clock = entry[1] = self._clock + 1
         if entry is not spare:
             value = entry[0]
             if value is not _PENDING:
@@ -88,26 +87,46 @@ class LRU:
 
     def get(self, key: Hashable) -> Any:
         """The value, or None when absent (or caching is disabled)."""
-        entry = self._d.get(key) if enabled else None
-        if entry is None or entry[0] is None or entry[0] is _PENDING:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._clock += 1
-        entry[1] = self._clock
-        return entry[0]
+        # perf (i21c-cache): one method frame per look-up (no helper calls); ~45 a cold call
+        if enabled:
+            entry = self._d.get(key)
+            if entry is not None:
+                value = entry[0]
+                if value is not None and value is not _PENDING:
+                    self.hits += 1
+                    self._clock = entry[1] = self._clock + 1
+                    return value
+        self.misses += 1
+        return None
 
     def put(self, key: Hashable, value: Any) -> None:
+        # perf (i21c-cache): the insert inlined (was put -> _insert: ~38 a cold call)
         if enabled:
-            self._insert(key, value)
+            d = self._d
+            self._clock = clock = self._clock + 1
+            d[key] = [value, clock]
+            if len(d) > self.size:
+                self._evict(len(d) - max(self.size - self.size // 4, 1))
 
     add = put    # the value of a key that get() just missed (_OrderedLRU's add skips its move_to_end)
 
-    def _insert(self, key: Hashable, value: Any) -> None:
-        self._clock += 1
-        self._d[key] = [value, self._clock]
+    def canonical(self, key: Hashable) -> Hashable:
+        """The stored key equal to `key` (an interning table: each key is its own value); `key` itself,
+        stored, when there is none. One probe (get then add hashed and compared twice)."""
+        if not enabled:
+            return key
+        spare = self._spare
+        entry = self._d.setdefault(key, spare)
+        self._clock = entry[1] = self._clock + 1
+        if entry is not spare:
+            self.hits += 1
+            return entry[0]
+        self._spare = [_PENDING, 0]
+        self.misses += 1
+        entry[0] = key
         if len(self._d) > self.size:
             self._evict(len(self._d) - max(self.size - self.size // 4, 1))
+        return key
 
     def _evict(self, n: int) -> None:
         """Drop the `n` least recently used entries."""
@@ -239,39 +258,61 @@ _object_keys: dict[int, tuple] = {}   # id -> object_key's tuple (holds the obje
 _OBJECT_KEYS = 256
 
 
-class Signature:
+class Signature(int):
     """A hashable value with its hash computed once (a block's content is a few hundred fields).
     `hash_value`: the value's hash when the caller has a cheaper one than hash(value); every
     Signature of one kind of value must be hashed the same way (equal values, equal hashes)."""
-    __slots__ = ("_value", "_hash")
 
-    def __init__(self, value: tuple, hash_value: int | None = None):
+    # perf (i21c-cache): the object is the int of its hash, so a cache key holding it is hashed in C
+    # (int.__hash__) instead of through a Python-level __hash__ (~66 a cold call, one per block look-up);
+    # equality stays by value (only __eq__ / __ne__ are Python, and a look-up of an interned signature
+    # matches by identity before either runs). Only ==, != and hash are meant for it, not arithmetic.
+    # An int subclass cannot have slots: the value lives in the instance __dict__.
+
+    def __new__(cls, value: tuple, hash_value: int | None = None):
+        self = int.__new__(cls, hash(value) if hash_value is None else hash_value)
         self._value = value
-        self._hash = hash(value) if hash_value is None else hash_value
+        return self
+
+    def __reduce__(self):
+        return _signature_of, (type(self), self.__dict__, int(self))
 
     @property
     def value(self) -> tuple:
         return self._value
 
-    def __hash__(self) -> int:
-        return self._hash
+    __hash__ = int.__hash__
 
     def __eq__(self, other) -> bool:
-        return self is other or (isinstance(other, Signature) and self._hash == other._hash
+        return self is other or (isinstance(other, Signature) and int.__eq__(self, other)
                                  and self.value == other.value)
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(hash={int(self)})"
+
+
+def _signature_of(cls, state: dict, hash_value: int) -> Signature:
+    """A pickled Signature back: its hash as the int, its attributes as they were."""
+    self = int.__new__(cls, hash_value)
+    self.__dict__.update(state)
+    return self
 
 
 class BlockSignature(Signature):
     """A block's signature: its content (graph.block.content) hashed by graph.block.content_hash, its
     ops in node order at hand (`ops`). perf: a Block's content tuple is built only when the signature
     is compared with another of the same hash (never on a cold call: ~10 us on the flagship's blocks)."""
-    __slots__ = ("ops", "_edges")
 
-    def __init__(self, ops: list, edges: list | None, value: tuple | None = None):
-        self.ops = ops
-        self._edges = edges          # a Block's edge list while the content is not built
-        self._value = value
-        self._hash = content_hash(ops, len(edges if value is None else value[1]))
+    def __new__(cls, ops: list, edges: list | None, value: tuple | None = None):
+        self = int.__new__(cls, content_hash(ops, len(edges if value is None else value[1])))
+        state = self.__dict__
+        state["ops"] = ops
+        state["_edges"] = edges      # a Block's edge list while the content is not built
+        state["_value"] = value
+        return self
 
     @classmethod
     def of(cls, g) -> "BlockSignature":
@@ -292,17 +333,20 @@ class BlockSignature(Signature):
 def block_signature(g) -> BlockSignature:
     """Everything of a block graph that its replay reads: node ids and ops (every field) in insertion
     order, edges with their data. Computed once per graph object (blocks are not modified once built)."""
+    # perf (i21c-cache): a builder Block keeps its signature in its own __dict__ (dropped when the Block
+    # turns into a graph: graph/block.py), as a cluster keeps its keys: no WeakKeyDictionary look-up and
+    # weak reference per block (~1 us each, six blocks a cold call). Other graphs are kept in _signatures.
+    if type(g) is Block:
+        state = g.__dict__
+        sig = state.get("_signature")
+        if sig is None:
+            # equal blocks of different graphs share one Signature object, so cache look-ups compare
+            # identities, not every op
+            sig = state["_signature"] = _interned.canonical(BlockSignature(*state["_lists"]))
+        return sig
     sig = _signatures.get(g)
     if sig is None:
-        sig = BlockSignature.of(g)
-        # perf: equal blocks of different graphs share one Signature object, so cache look-ups compare
-        # identities, not every op
-        canonical = _interned.get(sig)
-        if canonical is None:
-            _interned.add(sig, sig)
-        else:
-            sig = canonical
-        _signatures[g] = sig
+        sig = _signatures[g] = _interned.canonical(BlockSignature.of(g))
     return sig
 
 
@@ -420,18 +464,23 @@ def objects_key(objs: tuple) -> tuple:
     return (tuple(map(id, objs)), _Held(objs))
 
 
-class _Held:
+class _Held(int):
     """Holds a reference; equal to any other _Held (the id beside it carries the identity)."""
-    __slots__ = ("obj",)
+    # perf (i21c-cache): the int 0, so a key holding it is hashed in C (was a Python __hash__: ~18 a cold
+    # call); equality stays Python (a _Held never equals a plain 0), reached only when the ids beside match
 
-    def __init__(self, obj):
+    def __new__(cls, obj):
+        self = int.__new__(cls, 0)
         self.obj = obj
+        return self
 
-    def __hash__(self) -> int:
-        return 0
+    __hash__ = int.__hash__
 
     def __eq__(self, other) -> bool:
         return isinstance(other, _Held)
+
+    def __ne__(self, other) -> bool:
+        return not isinstance(other, _Held)
 
 
 def memoized(maxsize: int):

@@ -12,15 +12,16 @@ before and a reduce-scatter after, and the backward re-gathers the layer input f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import networkx as nx
 
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Precision, Recompute, SelectivePolicy
-from comet.graph.block import Block, chain_edges
+from comet.graph.block import Block
 from comet.graph.op_table import LEFT_OUT, TRANSFER, TableWriter
-from comet.graph.ir import (CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective, GroupKind,
-                            KernelClass, Op, OpKind, Phase)
+from comet.graph.ir import (COMPUTE_STREAM, CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective,
+                            DepKind, GroupKind, KernelClass, Op, OpKind, Phase)
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
 
 ACT_BYTES = 2   # bf16/fp16 activations
@@ -84,8 +85,13 @@ class Dims:
 _last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dims) of the last Dims.of
 
 
-# perf: the builder's ops without Op.__init__'s check of field names (literals here; tested)
-_op = Op.unchecked
+# perf: the builder's methods write an Op's given fields straight into its instance dict, as
+# Op.unchecked does (the others read the class defaults), without the keyword arguments: ~0.25 vs
+# ~0.65 us an op, ~55 ops a GPT configuration (tests/workload/test_builder.py checks every op built)
+_new_op = object.__new__
+# the (rank, stream) of the builder's kernels and copies; the edge kinds chain_edges gives (data: the plain str)
+_ON_COMPUTE, _ON_OFFLOAD = (0, COMPUTE_STREAM), (0, OFFLOAD_STREAM)
+_DATA, _STREAM, _SOURCE = DepKind.DATA.value, DepKind.STREAM, itemgetter(0)
 # perf: enum members bound once: on Python 3.11 a member read through its class costs ~0.09 us, and the
 # builder's methods read two to eight a op (group_geometry's chain of tests)
 _COMPUTE, _COLLECTIVE, _SEND, _MEMCPY = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND, OpKind.MEMCPY
@@ -100,7 +106,12 @@ class BlockBuilder:
     def __init__(self, phase: Phase, par: ParallelConfig, model: ModelSpec):
         # perf: ops and data edges in lists; no networkx graph is built unless one is asked for (graph/block.py)
         self.ops: list[Op] = []
-        self.deps: list[tuple[int, int]] = []
+        self.deps: list[tuple[int, int, str]] = []          # data edges (u, v, "data") as added
+        # perf: the stream edges noted as ops are added, not found by chain_edges' pass over the ops
+        # (~0.4 us an op; graph/block.chain_edges is the reference, tests/workload/test_builder.py):
+        # (u, v, STREAM) where u is v's predecessor on its (rank, stream) and v does not wait for u already
+        self.stream_edges: list[tuple[int, int, DepKind]] = []
+        self.last: dict = {}                                 # (rank, stream) -> its last op so far
         # perf: each op's row of the block's table (graph/op_table.py) written here, where its kind is
         # known: the replay's compiled cost model and packing read it without a pass over the Op objects
         self.table = TableWriter()
@@ -109,15 +120,25 @@ class BlockBuilder:
         self.model = model
         self.fp8 = par.precision is Precision.FP8
 
-    def _add(self, op: Op, after, written: bool = False) -> int:
-        """`written`: the op's table row is written already (else derived from the op)."""
+    def _add(self, op: Op, after) -> int:
+        """An op built elsewhere (its table row derived from the op)."""
+        self.table.op(op)
+        return self._append(op, after, (op.rank, op.stream))
+
+    def _append(self, op: Op, after, place: tuple = _ON_COMPUTE) -> int:
+        """An op whose table row is written already, on `place` (rank, stream), after the ops `after` (a
+        list or tuple of node ids; None entries ignored). Every data edge into an op is added here, so
+        its stream edge is needed unless its stream predecessor is among `after`."""
         nid = len(self.ops)
         self.ops.append(op)
-        if not written:
-            self.table.op(op)
         for u in after:
             if u is not None:
-                self.deps.append((u, nid))
+                self.deps.append((u, nid, _DATA))
+        last = self.last
+        prev = last.get(place)
+        last[place] = nid
+        if prev is not None and prev not in after:
+            self.stream_edges.append((prev, nid, _STREAM))
         return nid
 
     def gemm(self, name: str, m: int, n: int, k: int, after=(), batch: int = 1, cast_done: bool = False) -> int:
@@ -130,8 +151,16 @@ class BlockBuilder:
             after = self._fp8_casts(name, m, n, k, after)
         dtype = 1 if fp8 else 2
         self.table.gemm(m, n, k, batch, dtype)
-        return self._add(_op(name, _COMPUTE, kernel=_GEMM, shape=(m, n, k, batch), flops=2.0 * m * n * k * batch,
-                             dtype_bytes=dtype, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COMPUTE
+        d["kernel"] = _GEMM
+        d["shape"] = (m, n, k, batch)
+        d["flops"] = 2.0 * m * n * k * batch
+        d["dtype_bytes"] = dtype
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def _fp8_casts(self, name: str, m: int, n: int, k: int, after) -> list:
         """The kernels that quantize an FP8 GEMM's operands (m x k is the activation or output gradient,
@@ -176,39 +205,84 @@ class BlockBuilder:
     def memory(self, name: str, nbytes: float, after=()) -> int:
         nbytes = float(nbytes)
         self.table.memory(nbytes)
-        return self._add(_op(name, _COMPUTE, kernel=_MEMORY, bytes=nbytes, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COMPUTE
+        d["kernel"] = _MEMORY
+        d["bytes"] = nbytes
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
         variant = "" if self.par.attention_kernel == "fused" else self.par.attention_kernel
         self.table.attention(flops, self.phase, variant)
-        return self._add(_op(name, _COMPUTE, kernel=_ATTENTION, flops=flops, shape=shape,
-                            variant=variant, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COMPUTE
+        d["kernel"] = _ATTENTION
+        d["flops"] = flops
+        d["shape"] = shape
+        d["variant"] = variant
+        d["phase"] = self.phase
+        return self._append(op, after)
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
         size, stride, stream = group_geometry(group, self.par)
         self.table.placed(TRANSFER, stream, _COLLECTIVE, group)
-        # perf: Enum._value_ is the member's value (.value is a Python-level property, ~0.3 us a read)
-        return self._add(_op(name, _COLLECTIVE, stream=stream, collective=kind, msg_bytes=float(msg_bytes),
-                            group=group._value_, group_kind=group, group_size=size, group_stride=stride,
-                            flat_ring=flat_ring, phase=self.phase), after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _COLLECTIVE
+        d["stream"] = stream
+        d["collective"] = kind
+        d["msg_bytes"] = float(msg_bytes)
+        d["group"] = group._value_    # perf: Enum._value_ is the member's value (.value: a property, ~0.3 us)
+        d["group_kind"] = group
+        d["group_size"] = size
+        d["group_stride"] = stride
+        d["flat_ring"] = flat_ring
+        d["phase"] = self.phase
+        return self._append(op, after, (0, stream))
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
         size, stride, stream = group_geometry(group, self.par)
         self.table.placed(TRANSFER, stream, _SEND, group)
-        return self._add(_op(name, _SEND, stream=stream, msg_bytes=float(msg_bytes), group=group._value_,
-                            group_kind=group, group_size=size, group_stride=stride, phase=self.phase), after,
-                         True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _SEND
+        d["stream"] = stream
+        d["msg_bytes"] = float(msg_bytes)
+        d["group"] = group._value_
+        d["group_kind"] = group
+        d["group_size"] = size
+        d["group_stride"] = stride
+        d["phase"] = self.phase
+        return self._append(op, after, (0, stream))
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
         self.table.placed(LEFT_OUT, OFFLOAD_STREAM, _MEMCPY, None)
-        return self._add(_op(name, _MEMCPY, stream=OFFLOAD_STREAM, bytes=float(nbytes), phase=self.phase),
-                         after, True)
+        op = _new_op(Op)
+        d = op.__dict__
+        d["name"] = name
+        d["kind"] = _MEMCPY
+        d["stream"] = OFFLOAD_STREAM
+        d["bytes"] = float(nbytes)
+        d["phase"] = self.phase
+        return self._append(op, after, _ON_OFFLOAD)
 
     def done(self) -> nx.DiGraph:
         """The block (a DiGraph, built on first use): ops in insertion order, data edges, and stream
         order between consecutive ops of a stream."""
-        return Block.of(self.ops, chain_edges(self.ops, self.deps), self.table)
+        # the order chain_edges gives: data edges as added (duplicates dropped), then stream edges, sorted by
+        # source (stable)
+        edges = list(dict.fromkeys(self.deps))
+        edges += self.stream_edges
+        edges.sort(key=_SOURCE)
+        return Block.of(self.ops, edges, self.table)
 
 
 def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:

@@ -103,10 +103,23 @@ def test_a_block_and_the_graph_it_becomes_share_one_signature(blocks):
         other = cache.block_signature(twin)
         assert other is not sig and other == sig and hash(other) == hash(sig), key
         ops, edges = sig.value[0], sig.value[1]
-        assert hash(sig) == content_hash([op for _, op in ops], len(edges))
+        assert int(sig) == content_hash([op for _, op in ops], len(edges))   # a Signature is the int of its hash
         if ops:
             changed = b.copy()
             first = changed.nodes[0]["op"]
             changed.nodes[0]["op"] = dataclasses.replace(first, flops=first.flops + 1.0)
             assert cache.block_signature(changed) != sig, key
+    cache.clear()
+
+
+def test_a_blocks_signature_is_kept_by_it_until_it_becomes_a_graph(blocks):
+    """cache.block_signature keeps a Block's signature in the Block (no side table): the same object on
+    every call, and dropped when the Block turns into an editable DiGraph, whose edits then show."""
+    from comet.replay import cache
+    b = next(iter(blocks.values()))
+    sig = cache.block_signature(b)
+    assert cache.block_signature(b) is sig and b.__dict__["_signature"] is sig
+    b.nodes[0]["op"] = dataclasses.replace(b.nodes[0]["op"], flops=b.nodes[0]["op"].flops + 1.0)  # builds it
+    assert type(b) is nx.DiGraph and "_signature" not in b.__dict__
+    assert cache.block_signature(b) != sig
     cache.clear()

@@ -92,3 +92,46 @@ def test_get_add_put_and_get_or_interleaved_keep_each_key_to_its_value():
             lru.put(k, value(k))
         assert len(lru) <= 12 + 1 and all(v == value(key) for key, v in lru.items())
     assert lru.hits > 500 and lru.misses > 100
+
+
+def test_canonical_returns_the_first_stored_equal_key_and_stays_bounded():
+    """LRU.canonical (the block-signature intern table): an equal key gives back the object stored
+    first, the table keeps its bound, and disabled() hands back the key itself."""
+    rng = random.Random(5)
+    lru, first = cache.LRU(8), {}
+    for _ in range(500):
+        key = (rng.randrange(20), "k")     # a new, equal tuple each time
+        got = lru.canonical(key)
+        assert got == key and len(lru) <= 8
+        if got is not key:                 # a hit: the stored object, still the one kept first
+            assert got is first[key]
+        first[key] = got
+    with cache.disabled():
+        key = (1, "k")
+        assert lru.canonical(key) is key
+
+
+def test_signature_compares_by_value_and_hashes_as_its_int():
+    """cache.Signature is the int of its value's hash (hashed in C in a key) but equal only to a Signature
+    of an equal value: never to a plain int, nor to another value given the same hash."""
+    import pickle
+    rng = random.Random(7)
+    for _ in range(200):
+        value = tuple(rng.random() for _ in range(rng.randrange(1, 6)))
+        a, b = cache.Signature(value), cache.Signature(tuple(value))
+        assert a == b and not a != b and hash(a) == hash(b) and {a: 1}[b] == 1
+        assert a != int(a) and not a == int(a)
+        other = cache.Signature(value + (1.0,), hash_value=int(a))    # a forced collision
+        assert a != other and not a == other and hash(other) == hash(a)
+        back = pickle.loads(pickle.dumps(a))
+        assert back == a and back.value == value and type(back) is cache.Signature
+
+
+def test_object_keys_hold_their_object_and_match_only_by_identity():
+    """cache.object_key: the same tuple for one object, an equal key for no other object, and never
+    equal to a key of plain ints."""
+    a, b = [1], [1]
+    ka, kb = cache.object_key(a), cache.object_key(b)
+    assert cache.object_key(a) is ka and ka[1].obj is a and ka != kb and ka != (id(a), 0)
+    assert hash(ka) == hash(cache.object_key(a)) and {ka: 1}.get((id(b), ka[1])) is None
+    assert cache.objects_key((a, b)) == cache.objects_key((a, b)) != cache.objects_key((b, a))

@@ -1,6 +1,7 @@
 """The built blocks carry the FLOPs and bytes of Megatron's layer, and MFU uses Megatron's accounting."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from comet.config.parallel import ParallelConfig, Recompute
 from comet.graph.ir import GroupKind, KernelClass, OpKind, ops
@@ -142,3 +143,49 @@ def test_every_op_the_builders_emit_is_a_checked_op():
                     assert Op(**vars(op)) == op
                     stage_ops += 1
     assert seen > 1000 and stage_ops > 100
+
+
+def _edges_by_chain_edges(ops, edges):
+    """graph/block.chain_edges (the reference) from a block's ops and its data edges."""
+    from comet.graph.block import chain_edges
+    return chain_edges(ops, [(u, v) for u, v, dep in edges if dep == "data"])
+
+
+def test_builder_stream_edges_equal_chain_edges_on_every_shipped_model():
+    """BlockBuilder notes each op's stream edge as it adds the op: every block of every shipped model
+    (every builder path) has the edges, in the order, that chain_edges derives from its ops."""
+    from pathlib import Path
+    from comet.config.model import load_model
+    from comet.graph.block import block_lists
+    from comet.workload.builder import build_blocks
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
+    streams = 0
+    for name in names:
+        model = load_model(name)
+        for par in _builder_layouts(model):
+            for key, g in build_blocks(model, par).items():
+                ops, edges = block_lists(g)[:2]
+                assert edges == _edges_by_chain_edges(ops, edges), (name, key)
+                streams += sum(dep != "data" for _, _, dep in edges)
+    assert streams > 100
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["compute", "comm.tp", "comm.dp"]),
+                          st.lists(st.one_of(st.none(), st.integers(0, 30)), max_size=4)), max_size=30))
+def test_builder_stream_edges_equal_chain_edges_on_random_blocks(spec):
+    """Ops on random (rank, stream)s after random earlier ops (duplicates and None included), through
+    BlockBuilder._add: the block's edges equal chain_edges'."""
+    from comet.config.model import load_model
+    from comet.graph.block import block_lists
+    from comet.graph.ir import Op, OpKind, Phase
+    from comet.workload.layers import BlockBuilder
+    model = load_model("gpt3_1t")
+    bb = BlockBuilder(Phase.FORWARD, ParallelConfig(tp=1, gpus=1, micro_batch=1, global_batch=1).resolve(model),
+                      model)
+    for i, (rank, stream, after) in enumerate(spec):
+        after = [u if u is None or u < i else u % i if i else None for u in after]
+        kind = OpKind.COMPUTE if stream == "compute" else OpKind.COLLECTIVE
+        bb._add(Op(f"op{i}", kind, rank=rank, stream=stream), after)
+    ops, edges = block_lists(bb.done())[:2]
+    assert edges == _edges_by_chain_edges(ops, edges)

@@ -282,3 +282,21 @@ def test_a100_spec_has_datasheet_peaks_and_no_fp8(a100):
     assert a100.gpu.peak_flops("bf16") == 312e12 and a100.gpu.hbm_GB == 80 and a100.network[0].size == 8
     with pytest.raises(ConfigError, match="no fp8 peak"):
         a100.gpu.peak_flops("fp8")
+
+
+@pytest.mark.parametrize("name, par", [
+    ("gpt3_175b", dict(tp=8, pp=8, gpus=1024, global_batch=1536, recompute=Recompute.SELECTIVE)),
+    ("gpt3_175b", dict(tp=1, pp=1, gpus=8, global_batch=8)),                       # does not fit: a reason
+    ("gpt3_175b", dict(tp=8, pp=4, gpus=256, global_batch=512, zero=1, offload=(OffloadTarget.OPTIMIZER,))),
+    ("qwen3_30b_a3b", dict(tp=1, pp=1, ep=8, gpus=8, global_batch=8)),             # MoE: expert fields
+])
+def test_the_estimate_is_built_as_its_constructor_builds_it(name, par, h100):
+    """estimate_memory builds its MemoryEstimate without the frozen dataclass's __init__ (perf): the
+    object equals the constructor's from the same values, with every field, in declaration order."""
+    import dataclasses
+    from comet.workload.memory import MemoryEstimate, estimate_memory
+    model = load_model(name)
+    est = estimate_memory(model, ParallelConfig(**par).resolve(model), h100)
+    names = [f.name for f in dataclasses.fields(MemoryEstimate)]
+    assert list(vars(est)) == names
+    assert est == MemoryEstimate(**vars(est)) and repr(est) == repr(MemoryEstimate(**vars(est)))
