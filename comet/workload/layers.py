@@ -444,8 +444,11 @@ def attention_core(bb: BlockBuilder, D: Dims, deps: Deps, backward: bool) -> Dep
         step, arrived = None, None   # the previous attention chunk and the transfer it handed on
         for j in range(D.cp):
             waits = deps + [x for x in (step, arrived) if x is not None]
-            transfer = (bb.send(f"{name}.cp_exchange[{j}]", kv_block, GroupKind.CP, deps + ([arrived] if arrived else []))
-                        if j < D.cp - 1 else None)
+            if j < D.cp - 1:   # node id 0 is a valid node: compare with None, not by truth
+                sent_after = deps + ([arrived] if arrived is not None else [])
+                transfer = bb.send(f"{name}.cp_exchange[{j}]", kv_block, GroupKind.CP, sent_after)
+            else:
+                transfer = None
             step = bb.attention(f"{name}[{j}]", flops / D.cp, shape, waits)
             step = bb.memory(f"{name}.cp_merge[{j}]", _ring_merge_bytes(D, j, backward), [step])
             arrived = transfer

@@ -136,9 +136,9 @@ def test_every_op_the_builders_emit_is_a_checked_op():
                     assert set(vars(op)) <= fields, (name, key, op.name, set(vars(op)) - fields)
                     assert Op(**vars(op)) == op
                     seen += 1
-            for st in build_stages(model, par):
-                ops = [bs.op for bs in st.grad_buckets + st.param_gathers] + list(st.optimizer)
-                for op in ops + ([st.embedding_sync] if st.embedding_sync is not None else []):
+            for sync in build_stages(model, par):
+                ops = [bs.op for bs in sync.grad_buckets + sync.param_gathers] + list(sync.optimizer)
+                for op in ops + ([sync.embedding_sync] if sync.embedding_sync is not None else []):
                     assert set(vars(op)) <= fields, (name, "stage sync", op.name, set(vars(op)) - fields)
                     assert Op(**vars(op)) == op
                     stage_ops += 1
