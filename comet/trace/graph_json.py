@@ -50,6 +50,8 @@ def write_graph_json(g: nx.DiGraph, path) -> None:
 def _op_from(d, where: str) -> Op:
     if not isinstance(d, dict) or "name" not in d or "kind" not in d:
         raise TraceError(f"{where}: an op needs 'name' and 'kind'")
+    if d["kind"] is None:   # the other enum fields may be null (absent); an op's kind may not
+        raise TraceError(f"{where}.kind: must be one of {', '.join(k.value for k in OpKind)}, got null")
     unknown = set(d) - _FIELDS
     if unknown:
         raise TraceError(f"{where}: unknown op field(s) {', '.join(sorted(unknown))}")

@@ -127,6 +127,16 @@ def test_graph_json_bad_field(tmp_path):
         load_trace(p)
 
 
+def test_graph_json_null_kind(tmp_path, capsys):
+    # the fuzz corpus found a null kind reaching the replay's report (op.kind.value)
+    doc = {"comet_graph": 1, "graph": {}, "nodes": [{"id": "a", "op": {"name": "k", "kind": None}}], "edges": []}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"g\.json: nodes\[0\]\.kind: must be one of .*got null"):
+        load_trace(p)
+    assert "nodes[0]." in _cli_error(capsys, ["trace", "replay", str(p)])
+
+
 @pytest.mark.parametrize("rank_info, field", [
     ({"rank": 0, "measured_s": "1.5"}, r"graph\.ranks\[0\]\.measured_s must be a number"),
     ({"rank": 0, "step_start_us": [1]}, r"graph\.ranks\[0\]\.step_start_us must be a number"),
