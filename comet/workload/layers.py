@@ -230,38 +230,33 @@ class BlockBuilder:
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
+        op, place = self._transfer_op(name, _COLLECTIVE, msg_bytes, group)
+        d = op.__dict__
+        d["collective"] = kind
+        d["flat_ring"] = flat_ring
+        return self._append(op, after, place)
+
+    def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
+        op, place = self._transfer_op(name, _SEND, msg_bytes, group)
+        return self._append(op, after, place)
+
+    def _transfer_op(self, name: str, kind: OpKind, msg_bytes: float, group: GroupKind) -> tuple[Op, tuple]:
+        """A collective's or send's op with the fields both have (its table row written), and its
+        (rank, stream)."""
         size, stride, stream = group_geometry(group, self.par)
-        self.table.placed(TRANSFER, stream, _COLLECTIVE, group)
+        self.table.placed(TRANSFER, stream, kind, group)
         op = _new_op(Op)
         d = op.__dict__
         d["name"] = name
-        d["kind"] = _COLLECTIVE
+        d["kind"] = kind
         d["stream"] = stream
-        d["collective"] = kind
         d["msg_bytes"] = float(msg_bytes)
         d["group"] = group._value_    # perf: Enum._value_ is the member's value (.value: a property, ~0.3 us)
         d["group_kind"] = group
         d["group_size"] = size
         d["group_stride"] = stride
-        d["flat_ring"] = flat_ring
         d["phase"] = self.phase
-        return self._append(op, after, (0, stream))
-
-    def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
-        size, stride, stream = group_geometry(group, self.par)
-        self.table.placed(TRANSFER, stream, _SEND, group)
-        op = _new_op(Op)
-        d = op.__dict__
-        d["name"] = name
-        d["kind"] = _SEND
-        d["stream"] = stream
-        d["msg_bytes"] = float(msg_bytes)
-        d["group"] = group._value_
-        d["group_kind"] = group
-        d["group_size"] = size
-        d["group_stride"] = stride
-        d["phase"] = self.phase
-        return self._append(op, after, (0, stream))
+        return op, (0, stream)
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
         self.table.placed(LEFT_OUT, OFFLOAD_STREAM, _MEMCPY, None)
