@@ -13,12 +13,21 @@ from comet.replay.tails import _stage_groups_shared, statics_key
 from test_stage_work import random_graph
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.data())
-def test_step_with_graph_facts_equals_the_per_call_path(h100, data):
+def _fresh_graph(data, h100):
+    """A random small-model step graph and its cluster, drawn with every cache emptied."""
     graph, cluster = random_graph(data, h100, zero_max=3, batches=st.integers(1, 4))
     assume(graph is not None)
     cache.clear()
+    return graph, cluster
+
+
+_examples = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_examples
+@given(st.data())
+def test_step_with_graph_facts_equals_the_per_call_path(h100, data):
+    graph, cluster = _fresh_graph(data, h100)
     fast = step.replay_step(graph, cluster, "bf16")
     again = step.replay_step(graph, cluster, "bf16")          # every entry a hit
     # the timeline's path builds the releases' layout, the durations' and the tail's figures per call
@@ -33,12 +42,10 @@ def test_step_with_graph_facts_equals_the_per_call_path(h100, data):
         assert layout[0].tobytes() == want.tobytes() == layout[1]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@_examples
 @given(st.data())
 def test_graph_facts_hold_the_keys_built_per_call(h100, data):
-    graph, _ = random_graph(data, h100, zero_max=3, batches=st.integers(1, 4))
-    assume(graph is not None)
-    cache.clear()
+    graph, _ = _fresh_graph(data, h100)
     facts = step._graph_facts(graph)
     assert step._graph_facts(graph) is facts
     kinds, groups = task_kinds(graph.plan), _stage_groups_shared(graph)
