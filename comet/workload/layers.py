@@ -151,15 +151,11 @@ class BlockBuilder:
             after = self._fp8_casts(name, m, n, k, after)
         dtype = 1 if fp8 else 2
         self.table.gemm(m, n, k, batch, dtype)
-        op = _new_op(Op)
+        op = self._kernel_op(name, _GEMM)
         d = op.__dict__
-        d["name"] = name
-        d["kind"] = _COMPUTE
-        d["kernel"] = _GEMM
         d["shape"] = (m, n, k, batch)
         d["flops"] = 2.0 * m * n * k * batch
         d["dtype_bytes"] = dtype
-        d["phase"] = self.phase
         return self._append(op, after)
 
     def _fp8_casts(self, name: str, m: int, n: int, k: int, after) -> list:
@@ -205,28 +201,30 @@ class BlockBuilder:
     def memory(self, name: str, nbytes: float, after=()) -> int:
         nbytes = float(nbytes)
         self.table.memory(nbytes)
-        op = _new_op(Op)
-        d = op.__dict__
-        d["name"] = name
-        d["kind"] = _COMPUTE
-        d["kernel"] = _MEMORY
-        d["bytes"] = nbytes
-        d["phase"] = self.phase
+        op = self._kernel_op(name, _MEMORY)
+        op.__dict__["bytes"] = nbytes
         return self._append(op, after)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
         variant = "" if self.par.attention_kernel == "fused" else self.par.attention_kernel
         self.table.attention(flops, self.phase, variant)
+        op = self._kernel_op(name, _ATTENTION)
+        d = op.__dict__
+        d["flops"] = flops
+        d["shape"] = shape
+        d["variant"] = variant
+        return self._append(op, after)
+
+    def _kernel_op(self, name: str, kernel: KernelClass) -> Op:
+        """A compute kernel's op with the fields every kernel has (the caller writes its table row and
+        the kernel's own fields)."""
         op = _new_op(Op)
         d = op.__dict__
         d["name"] = name
         d["kind"] = _COMPUTE
-        d["kernel"] = _ATTENTION
-        d["flops"] = flops
-        d["shape"] = shape
-        d["variant"] = variant
+        d["kernel"] = kernel
         d["phase"] = self.phase
-        return self._append(op, after)
+        return op
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
