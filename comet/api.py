@@ -49,10 +49,10 @@ def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelC
 
 @functools.cache
 def _engine() -> tuple:
-    """comet.evaluate's evaluate and resolve, imported on the first estimate (the engine loads numba);
-    perf: an import statement in the function cost ~1 us a call."""
-    from comet.evaluate import evaluate, resolve
-    return evaluate, resolve
+    """comet.evaluate's _prepared and evaluate_prepared, imported on the first estimate (the engine loads
+    numba); perf: an import statement in the function cost ~1 us a call."""
+    from comet.evaluate import _prepared, evaluate_prepared
+    return _prepared, evaluate_prepared
 
 
 def _model(model: str | Path | ModelSpec) -> ModelSpec:
@@ -77,15 +77,18 @@ def estimate(model: str | Path | ModelSpec, cluster: str | Path | ClusterSpec = 
     returns a Result with status infeasible, its reason and, in `extra["remedies"]`, the nearest
     changes that make it fit.
     """
-    evaluate, resolve = _engine()
+    prepare, evaluate_prepared = _engine()
     unknown = sorted(parallel.keys() - _PARALLEL_FIELD_SET)
     if unknown:
         raise ConfigError(f"unknown argument (known: {', '.join(REQUEST_FIELDS + PARALLEL_FIELDS)})",
                           field=unknown[0])
     m, c = _model(model), _cluster(cluster)
-    par = resolve(m, c, parallel_config({**parallel, "global_batch": global_batch}))
+    # resolve (a broken rule raises ConfigError) and the memory estimate, once: perf (i22g-glue), evaluate()
+    # resolved the configuration a second time (a look-up and the cluster's rules, ~5 us of a cold call)
+    prepared = prepare(m, c, parallel_config({**parallel, "global_batch": global_batch}))
     job = JobSpec(total_tokens=total_tokens) if total_tokens else None
-    res = evaluate(m, c, par, job, timeline=timeline)
+    res = evaluate_prepared(m, c, prepared, job, timeline=timeline)
+    par = prepared[0]
     if not res.feasible:
         from comet.remedy import nearest_feasible
         res.extra["remedies"] = nearest_feasible(m, c, par, job)

@@ -110,6 +110,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig, j
         prepared = _prepared(model, cluster, parallel)
     except ConfigError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=parallel.label(), gpus=parallel.gpus or 0)
+    return evaluate_prepared(model, cluster, prepared, job, timeline=timeline, base=base)
+
+
+def evaluate_prepared(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared, job: JobSpec | None = None, *,
+                      timeline: bool | str = False, base: StepGraph | None = None) -> Result:
+    """evaluate() of a configuration already resolved on this cluster: `prepared` is what
+    _prepared(model, cluster, parallel) returned (comet.estimate resolves first, to raise a broken rule)."""
     par, mem = prepared[0], prepared[1]
     if not mem.fits:
         return Result(CandidateStatus.INFEASIBLE, reason=mem.reason, label=par.label(), gpus=par.gpus,
