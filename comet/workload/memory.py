@@ -230,17 +230,18 @@ def memory_microbatches(par: ParallelConfig) -> int:
     return min(m, par.pp)
 
 
-def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int, in_flight: float | None = None) -> float:
     """Embedding and output-layer activations of the stage ([K] Sec 4.3). The first stage keeps the
     input dropout mask (sbh, /t with SP) for each in-flight micro-batch; the last keeps the final
     layernorm and output projection inputs (4sbh, /t with SP) and the loss's logits (LOSS_LOGIT_BYTES x sbV/t),
-    for one micro-batch (its backward follows its forward at once) except under GPipe, which holds all m."""
+    for one micro-batch (its backward follows its forward at once) except under GPipe, which holds all m.
+    `in_flight`: in_flight_microbatches(par, stage) where the caller has it."""
     s, b, h, t = model.seq_len // par.cp, par.micro_batch, model.hidden, par.tp
     split = t if par.sp else 1
     total = 0.0
     if stage == 0:
         if par.dropout:   # embedding dropout mask
-            total += in_flight_microbatches(par, 0) * MASK_BYTES * s * b * h / split
+            total += (in_flight_microbatches(par, 0) if in_flight is None else in_flight) * MASK_BYTES * s * b * h / split
     if stage == par.pp - 1:
         held = par.num_microbatches if par.schedule is Schedule.GPIPE else 1
         logits = LOSS_LOGIT_BYTES[par.loss_impl] * s * b * model.padded_vocab(t) / t
@@ -249,15 +250,16 @@ def _edge_activation_bytes(model: ModelSpec, par: ParallelConfig, stage: int) ->
 
 
 # ---------------------------------------------------------------------------------------- model state
-def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> float:
+def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: int | None = None) -> float:
     """Parameters held by one GPU of pipeline stage `stage`: layers/pp layers split by tp; the first
     stage adds the embedding (V*h/t), the last the final norm and the output layer (its own matrix
     when untied; a copy of the embedding when tied and pp > 1). MoE: the non-expert parameters only;
-    the routed experts are `stage_expert_params` (sharded over ep and etp, reduced over expert-DP)."""
+    the routed experts are `stage_expert_params` (sharded over ep and etp, reduced over expert-DP).
+    `layers`: par.stage_layers(model, stage) where the caller has it."""
     if model.moe is not None:
         n = stage_dense_layer_params(model, par, stage)
     else:
-        n = par.stage_layers(model, stage) * model.layer_params / par.tp
+        n = (par.stage_layers(model, stage) if layers is None else layers) * model.layer_params / par.tp
     vocab_rows = model.padded_vocab(par.tp) * model.hidden / par.tp
     if stage == 0:
         n += vocab_rows
@@ -292,16 +294,19 @@ def _weight_bytes(model: ModelSpec, par: ParallelConfig, stage: int, params: flo
     return (params - gemm) * WEIGHT_BYTES + gemm * (FP8_CACHE_BYTES + (0 if par.fp8_params else WEIGHT_BYTES))
 
 
-def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[float, float, float, float]:
+def _state_bytes(model: ModelSpec, par: ParallelConfig, stage: int,
+                 layers_here: int | None = None) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, prefetch buffer) bytes per GPU. ZeRO shards over the data-
     parallel group dp*cp (Megatron's distributed optimizer): stage 1 the optimizer state, stage 2 also
-    the gradients, stage 3 also the weights, which then need ~2 gathered layers resident [Z] Sec 5."""
-    params = stage_params(model, par, stage)
+    the gradients, stage 3 also the weights, which then need ~2 gathered layers resident [Z] Sec 5.
+    `layers_here`: par.stage_layers(model, stage) where the caller has it."""
+    if layers_here is None:
+        layers_here = par.stage_layers(model, stage)
+    params = stage_params(model, par, stage, layers_here)
     shard = par.dp * par.cp
     weights = _weight_bytes(model, par, stage, params) / (shard if par.zero >= 3 else 1)
     grads = params * GRAD_BYTES[par.grad_dtype] / (shard if par.zero >= 2 else 1)
     optimizer = params * ADAM_BYTES[par.optimizer_dtype] / (shard if par.zero >= 1 else 1)
-    layers_here = par.stage_layers(model, stage)
     buffer = min(PREFETCH_LAYERS, layers_here) * model.layer_params / par.tp * WEIGHT_BYTES
     if _fsdp_fp32_shard(par):
         weights = params * FSDP_SHARD_BYTES / shard
@@ -355,15 +360,25 @@ class _Stage:
 
 
 def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int, layer_bytes: tuple[float, float | None],
-                  working: float) -> _Stage:
+                  working: float, dispatch: float) -> _Stage:
     """Bytes per GPU of one pipeline stage, with offload moving parts to the expansion tier.
-    `layer_bytes`: _per_layer_bytes; `working`: _recompute_working_bytes (both the same on every stage)."""
-    weights, grads, optimizer, buffer = _state_bytes(model, par, stage)
+    `layer_bytes`: _per_layer_bytes; `working`: _recompute_working_bytes; `dispatch`:
+    dispatcher_buffer_bytes (the same on every stage)."""
+    # perf (i22g-glue): the stage's layer count and in-flight micro-batches read once and handed to the
+    # parts that read them (each asked for them again: ~20 fewer calls an estimate); the same
+    # expressions in the same order
+    layers_here = par.stage_layers(model, stage)
+    weights, grads, optimizer, buffer = _state_bytes(model, par, stage, layers_here)
     in_flight = in_flight_microbatches(par, stage)
-    per_layer = layer_bytes[1] if model.moe is not None else layer_bytes[0]
-    layer_acts = in_flight * stage_layer_activation_bytes(model, par, stage, layer_bytes)
-    experts = _expert_state_bytes(model, par, stage)
-    fixed_acts = _edge_activation_bytes(model, par, stage) + working
+    if model.moe is None:
+        per_layer = layer_bytes[0]
+        layer_acts = in_flight * (layers_here * per_layer)    # stage_layer_activation_bytes of a dense model
+        experts = _NO_EXPERTS
+    else:
+        per_layer = layer_bytes[1]
+        layer_acts = in_flight * stage_layer_activation_bytes(model, par, stage, layer_bytes)
+        experts = _expert_state_bytes(model, par, stage)
+    fixed_acts = _edge_activation_bytes(model, par, stage, in_flight) + working
     expansion = 0.0
     if OffloadTarget.OPTIMIZER in par.offload:       # fp32 master + Adam moments live off-HBM
         expansion += optimizer + experts[2]
@@ -378,8 +393,10 @@ def _stage_memory(model: ModelSpec, par: ParallelConfig, stage: int, layer_bytes
         resident = min(per_layer, layer_acts)
         expansion += layer_acts - resident
         layer_acts = resident
-    return _Stage(weights, grads, optimizer, layer_acts + fixed_acts, expansion, experts,
-                  dispatcher_buffer_bytes(model, par))
+    return _Stage(weights, grads, optimizer, layer_acts + fixed_acts, expansion, experts, dispatch)
+
+
+_NO_EXPERTS = (0.0, 0.0, 0.0)    # _expert_state_bytes of a dense model
 
 
 def _hbm_reason(stage: _Stage, workspace: float, capacity_GB: float, where: str) -> str:
@@ -426,13 +443,15 @@ def estimate_memory(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec)
     workspace = cluster.workspace_GB * GB
     # perf: a layer's activation bytes and the recompute working set are the same on every stage
     layer_bytes, working = _per_layer_bytes(model, par), _recompute_working_bytes(model, par)
-    per_stage = [_stage_memory(model, par, s, layer_bytes, working) for s in stages]
-    worst_index = max(range(len(stages)), key=lambda i: per_stage[i].hbm(workspace))
+    dispatch = dispatcher_buffer_bytes(model, par)
+    per_stage = [_stage_memory(model, par, s, layer_bytes, working, dispatch) for s in stages]
+    hbm = [st.hbm(workspace) for st in per_stage]
+    worst_index = max(range(len(stages)), key=hbm.__getitem__)     # the first of the largest
     worst = per_stage[worst_index]
-    expansion = max(st.expansion for st in per_stage)
+    expansion = max([st.expansion for st in per_stage])
     capacity = cluster.gpu.hbm_GB
     reasons = []
-    total = worst.hbm(workspace)
+    total = hbm[worst_index]
     if total > cluster.gpu.hbm_bytes * (1 + FIT_MARGIN):
         where = f" on pipeline stage {stages[worst_index]} of {par.pp}" if par.pp > 1 else ""
         reasons.append(_hbm_reason(worst, workspace, capacity, where))
