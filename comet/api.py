@@ -78,8 +78,8 @@ def estimate(model: str | Path | ModelSpec, cluster: str | Path | ClusterSpec = 
     changes that make it fit.
     """
     prepare, evaluate_prepared = _engine()
-    unknown = sorted(parallel.keys() - _PARALLEL_FIELD_SET)
-    if unknown:
+    if not _PARALLEL_FIELD_SET.issuperset(parallel):   # perf: one C call when every name is known (~1 us)
+        unknown = sorted(parallel.keys() - _PARALLEL_FIELD_SET)
         raise ConfigError(f"unknown argument (known: {', '.join(REQUEST_FIELDS + PARALLEL_FIELDS)})",
                           field=unknown[0])
     m, c = _model(model), _cluster(cluster)

@@ -32,7 +32,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelConfig) ->
 def _check_on_cluster(cluster: ClusterSpec, par: ParallelConfig) -> None:
     """The rules that read the cluster: the job's GPUs fill its domains, the GPU runs the precision."""
     check_job_fits_domains(cluster, par.gpus)
-    if par.precision.value not in cluster.gpu.peak_tflops:
+    if par.precision._value_ not in cluster.gpu.peak_tflops:   # perf: _value_, not the .value property
         raise ConfigError(f"{cluster.gpu.name} has no {par.precision.value} tensor cores "
                           f"(peaks given: {', '.join(cluster.gpu.peak_tflops)})", field="precision")
 
@@ -123,7 +123,7 @@ def evaluate_prepared(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepare
                       **_memory_fields(mem))
     try:
         graph = _graph_for(model, cluster, par, base)
-        rep = replay_step(graph, cluster, par.precision.value, keep_block_replays=bool(timeline))
+        rep = replay_step(graph, cluster, par.precision._value_, keep_block_replays=bool(timeline))
     except CometError as exc:
         return Result(CandidateStatus.INFEASIBLE, reason=str(exc), label=par.label(), gpus=par.gpus)
     return _result(model, cluster, par, job, mem, rep, timeline, prepared)

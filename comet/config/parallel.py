@@ -77,7 +77,7 @@ def _as_members(state: dict) -> dict:
         if value.__class__ is not kind:
             out[name] = _member(kind, value, name)
     modules = state["recompute_modules"]
-    if any(m.__class__ is not RecomputeModule for m in modules):
+    if modules and any(m.__class__ is not RecomputeModule for m in modules):
         out["recompute_modules"] = tuple(_member(RecomputeModule, m, "recompute_modules") for m in modules)
     return out
 
@@ -436,8 +436,12 @@ class ParallelConfig:
             parts.append(f"{self.optimizer_dtype}-optim")
         if self.shard_grad_op:
             parts.append("shard-grad-op")
-        recompute = "+".join([self.recompute.value] + [m.value for m in self.recompute_modules])
-        parts += [f"mb{self.micro_batch}", recompute, f"z{self.zero}", self.precision.value]
+        # perf (i22g-glue): an enum's value read as the member's _value_ attribute (.value is a Python-level
+        # property of enum.Enum: ~0.3 us each)
+        recompute = self.recompute._value_
+        if self.recompute_modules:
+            recompute = "+".join([recompute] + [m._value_ for m in self.recompute_modules])
+        parts += [f"mb{self.micro_batch}", recompute, f"z{self.zero}", self.precision._value_]
         return "-".join(parts)
 
 
