@@ -32,12 +32,13 @@ PARALLEL_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
 _PARALLEL_FIELD_SET = frozenset(PARALLEL_FIELDS)
 # keys of an estimate request besides the ParallelConfig fields (also the keys of `estimate --config`)
 REQUEST_FIELDS = ("model", "cluster", "total_tokens")
+_PLAIN_TYPES = frozenset({int, float, str, bool})   # values parallel_config passes on unchanged (no .value)
 
 
 def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelConfig:
     """A ParallelConfig from plain values (strings for enums, lists for offload), every value checked
     by the project's strict loader; `vpp > 1` implies the interleaved schedule unless one is given."""
-    params = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
+    params = _plain_values(params)
     vpp = params.get("vpp", 1)
     # a vpp that is not a number is the loader's to reject (it names the field), not a TypeError here
     if isinstance(vpp, (int, float)) and vpp > 1 and "schedule" not in params:
@@ -45,6 +46,15 @@ def parallel_config(params: dict, source: str = "comet.estimate()") -> ParallelC
     if isinstance(params.get("offload"), (str, bytes)):
         params["offload"] = [params["offload"]]
     return from_dict(ParallelConfig, params, source=source)
+
+
+def _plain_values(params: dict) -> dict:
+    """A copy of `params` without the None values, an enum member (anything with a .value) as its value."""
+    if _PLAIN_TYPES.issuperset(map(type, params.values())):
+        # perf (i22g-glue): ints, floats, strs and bools (none has a .value) copied in C: ~1 us of the
+        # per-item comprehension below (tests/api/test_api.py checks both give the same dict)
+        return dict(params)
+    return {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
 
 
 @functools.cache

@@ -6,9 +6,13 @@ import sys
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import comet
+from comet.api import _plain_values
 from comet.cli import main
+from comet.config.parallel import Recompute, Schedule
 
 FLAGSHIP = dict(gpus=1024, tp=8, pp=8, global_batch=1536, recompute="selective")
 
@@ -80,3 +84,17 @@ def test_search_from_dict_returns_frames(tmp_path, repo_root):
     assert len(out.candidates) == 8 and (out.candidates["status"] == "ok").all()
     assert set(out.pareto["key"]) <= set(out.candidates["key"]) and len(out.pareto) >= 1
     assert (tmp_path / "study" / "candidates.parquet").is_file()
+
+
+_VALUES = st.one_of(st.integers(-5, 5000), st.floats(allow_nan=False), st.text(max_size=4), st.booleans(), st.none(),
+                    st.sampled_from(list(Recompute) + list(Schedule)), st.lists(st.sampled_from(["optimizer"]), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(params=st.dictionaries(st.sampled_from(["tp", "pp", "gpus", "recompute", "schedule", "offload", "cp"]), _VALUES))
+def test_plain_values_fast_path_equals_the_comprehension(params):
+    # comet.api._plain_values copies a dict of plain values as is; anything else goes through the comprehension
+    reference = {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
+    out = _plain_values(params)
+    assert out == reference and list(out) == list(reference) and out is not params
+    assert all(type(out[k]) is type(reference[k]) for k in out)
