@@ -85,19 +85,6 @@ def fastest(constants: tuple, payload_s: float, fill_s: float) -> float:
     return best
 
 
-def hop_seconds(latency_s: float, innermost: bool, payload_s: float, fill_s: float) -> float:
-    """fastest(protocol_constants(((latency_s, innermost),)), payload_s, fill_s) in one frame (a
-    point-to-point send's one hop; perf: the same sums in the same order)."""
-    best = _INF
-    for factor, base, r_inner, r_net in _ROWS[False]:
-        lat = 0
-        lat += latency_s * (r_inner if innermost else r_net)
-        t = base + lat + payload_s / factor + fill_s
-        if t < best:
-            best = t
-    return best
-
-
 def network_hops_s(hops: tuple):
     """The hops outside the innermost dimension (NVLS: the NVLink part of the path is in the base
     latency); 0 where there are none, as the sum it stands for."""

@@ -63,8 +63,8 @@ import math
 from comet.config.cluster import ClusterSpec, NetworkDim, Topology
 from comet.graph.ir import Collective
 from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS,  # noqa: F401
-                                             TREE_BUS_FACTOR, TREE_PROTOCOLS, fastest, hop_seconds,
-                                             protocol_constants, topology_share)
+                                             TREE_BUS_FACTOR, TREE_PROTOCOLS, fastest, protocol_constants,
+                                             topology_share)
 from comet.hardware.collective_plans import plan as collective_plan
 from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
 
@@ -72,21 +72,8 @@ _SWITCH = Topology.SWITCH
 
 
 def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[int]:
-    """Members of the group per network dimension; the product equals `size`."""
-    span = []
-    remaining = size
-    step = stride
-    for dim in network:
-        if remaining == 1:
-            span.append(1)
-            continue
-        fit = members_in_domain(remaining, step, dim.size)
-        span.append(fit)
-        remaining //= fit
-        step *= fit
-    if remaining > 1:   # only reachable if every dimension is bounded and too small
-        span[-1] *= remaining
-    return span
+    """Members of the group per network dimension; the product equals `size` (_Group computes it)."""
+    return _Group(size, stride, network, False).span
 
 
 def members_in_domain(size: int, stride: int, ranks_per_domain: int) -> int:
@@ -114,14 +101,23 @@ class _Group:
     per inner domain at the plateau (large steps; collective_plans.py reads them). `flat`: the group's
     traffic leaves each domain through one port, not through all of its members' ports together
     (inner = 1 at every level).
-    perf (i22n-network): the views are tuples built in this one pass (no object, no plateau memo per
-    level; the property bandwidth read as its product, bandwidth_GBps * 1e9)."""
-    __slots__ = ("levels", "views", "n", "size", "rings")
+    perf (i22n-network): the span and the views (tuples) built in this one pass (no object, no plateau
+    memo per level; the property bandwidth read as its product, bandwidth_GBps * 1e9)."""
+    __slots__ = ("levels", "span", "views", "n", "size", "rings")
 
     def __init__(self, size: int, stride: int, levels: tuple[NetworkDim, ...], flat: bool):
         self.levels = levels   # held: the table is keyed by its id
-        views, inner, step, below = [], 1, stride, 1
-        for n_members, dim in zip(group_span(size, stride, levels), levels):
+        # the span (group_span): as many of the remaining members as one domain of a level holds share
+        # it, the rest spread over the next level
+        span, views, inner, step, below, remaining, last = [], [], 1, stride, 1, size, len(levels) - 1
+        for i, dim in enumerate(levels):
+            n_members = 1
+            if remaining > 1:
+                n_members = members_in_domain(remaining, step, dim.size)
+                remaining //= n_members
+                if remaining > 1 and i == last:   # only reachable if every dimension is bounded and too small
+                    n_members *= remaining
+            span.append(n_members)
             ports = dim.size // below if dim.size else 0
             if n_members > 1:
                 shared = 1 if flat else inner
@@ -133,6 +129,7 @@ class _Group:
                 inner *= n_members
                 step *= n_members
             below = dim.size or below
+        self.span = span
         self.views = tuple(views)
         self.n = inner          # the members: the product of the spanned levels' counts
         self.size = size
@@ -240,7 +237,17 @@ def _hop_time_s(msg_bytes: float, level: int, distance: int, levels: tuple[Netwo
     if plateau > cap_Bps:
         rate, plateau = rate * cap_Bps / plateau, cap_Bps
     payload_s = msg_bytes / plateau
-    return hop_seconds(dim.latency_us * 1e-6, level == 0, payload_s, msg_bytes / rate - payload_s)
+    fill_s = msg_bytes / rate - payload_s
+    # perf (i22n-network): fastest(protocol_constants(((latency_s, innermost),)), payload_s, fill_s)
+    # inline, the same sums in the same order
+    latency_s, innermost, best = dim.latency_us * 1e-6, level == 0, math.inf
+    for factor, base, r_inner, r_net in PROTOCOLS.values():
+        lat = 0
+        lat += latency_s * (r_inner if innermost else r_net)
+        t = base + lat + payload_s / factor + fill_s
+        if t < best:
+            best = t
+    return best
 
 
 def _level_holding(a: int, b: int, levels: tuple[NetworkDim, ...]) -> int:

@@ -13,7 +13,7 @@ from comet.config.cluster import CollectiveAlgorithm, Topology
 from comet.graph.ir import Collective
 from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS, TREE_BUS_FACTOR,
                                              TREE_PROTOCOLS)
-from comet.hardware.network import group_span
+from comet.hardware.network import members_in_domain
 
 A = CollectiveAlgorithm
 
@@ -42,6 +42,24 @@ def _topology_share(v, kind):
             return 0.5 / v.stride
         return 1.0 / v.stride
     return 1.0
+
+
+def group_span(size, stride, network):
+    """network.group_span as it was up to i22n-network (now computed by network._Group in one pass)."""
+    span = []
+    remaining = size
+    step = stride
+    for dim in network:
+        if remaining == 1:
+            span.append(1)
+            continue
+        fit = members_in_domain(remaining, step, dim.size)
+        span.append(fit)
+        remaining //= fit
+        step *= fit
+    if remaining > 1:
+        span[-1] *= remaining
+    return span
 
 
 def _views(size, stride, network, flat=False):

@@ -8,6 +8,7 @@ import math
 
 from hypothesis import given, settings, strategies as st
 from reference_collectives import algorithm_times as reference_times
+from reference_collectives import group_span as reference_group_span
 from reference_collectives import hop_time_s as reference_hop_time_s
 from test_network_groups import networks
 
@@ -55,3 +56,15 @@ def test_hop_time_equals_the_per_call_cost(h100, net, msg, distance, cap):
     for level in range(len(levels)):
         assert network._hop_time_s(msg, level, distance, levels, cap) == reference_hop_time_s(msg, level, distance,
                                                                                              levels, cap)
+
+
+@settings(max_examples=300, deadline=None)
+@given(net=networks(), size=st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 64, 128, 1024]),
+       stride=st.sampled_from([1, 2, 3, 4, 8, 16, 64, 4032]), bounded=st.booleans())
+def test_group_span_equals_the_per_level_count(h100, net, size, stride, bounded):
+    # network._Group computes the span with its views in one pass; bounded: every level bounded, so
+    # members may be left over for the outermost one
+    if bounded:
+        net = tuple(dataclasses.replace(d, size=d.size or 64) for d in net)
+    levels = dataclasses.replace(h100, network=net).levels
+    assert network.group_span(size, stride, levels) == reference_group_span(size, stride, levels)
