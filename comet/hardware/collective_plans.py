@@ -75,8 +75,8 @@ def fastest(constants: tuple, payload_s: float, fill_s: float) -> float:
     """The time at the fastest protocol: base + hops + payload at the protocol's bandwidth factor +
     the per-step fill. A protocol's factor slows the payload only: the fill (the time per pipeline
     step that the efficiency ramp stands for) is a time, not a share of the link, so it is added as it
-    is (an LL step does not take four times as long to fill as a Simple one). The plans below inline
-    this loop (perf: one frame per algorithm and size)."""
+    is (an LL step does not take four times as long to fill as a Simple one). The ring's plan inlines
+    this loop (perf: one frame per size of the most asked collectives)."""
     best = math.inf
     for factor, fixed in constants:
         t = fixed + payload_s / factor + fill_s
@@ -116,15 +116,17 @@ _RING_OK, _TREE_OK, _NVLS_OK, _SHARP_OK = ((A.AUTO, A.RING), (A.AUTO, A.TREE), (
 
 
 # perf (i22n-network): the closures below inline what every size reads (the slowest level's ramped rate,
-# the two pipelined stages, the fastest protocol) rather than calling helpers, and their builders read
-# the levels in one pass: a collective's first call on a group was 16-34 Python calls, a later size
-# 4-8; now 6-9 and 2. The expressions and their order are those of the helpers they replace
-# (tests/hardware/test_collective_plans.py: bit for bit against the per-call model): the slowest rate
-# is the first smallest of p * c / (c + h); two pipelined stages a, b (PIPELINE_ROUND_BYTES) take
-# max(a, b) + min(a, b) x lost, max / min written `b if b > a else a` / `b if b < a else a` (the
-# builtins' first-wins rule) and lost = min(1, round / msg) (1 for msg <= 0) written
-# `round / msg if msg > round else 1.0` (round / msg < 1 exactly when msg > round, and equals 1.0
-# where the two forms differ); the properties latency_s and bandwidth read as their products.
+# the two pipelined stages, the ring's fastest protocol) rather than calling helpers, and their
+# builders read the levels in one pass (a tree and SHARP share one builder, so do NVLSTree and SHARP
+# with NVLS): a collective's first call on a group was 16-34 Python calls, a later size 4-8; now
+# 10-16 and 2 (network.py's tables included). The expressions and their order are those of the
+# helpers they replace (tests/hardware/test_collective_plans.py: bit for bit against the per-call
+# model): the slowest rate is the first smallest of p * c / (c + h); two pipelined stages a, b
+# (PIPELINE_ROUND_BYTES) take max(a, b) + min(a, b) x lost, max / min written `b if b > a else a` /
+# `b if b < a else a` (the builtins' first-wins rule) and lost = min(1, round / msg) (1 for msg <= 0)
+# written `round / msg if msg > round else 1.0` (round / msg < 1 exactly when msg > round, and equals
+# 1.0 where the two forms differ); a stage without depth adds a fill of 0.0 (x + 0.0 is x for the
+# non-negative times here); the properties latency_s and bandwidth read as their products.
 
 def _ring(group, passes: int):
     """Ring all-gather / reduce-scatter (passes 1) or all-reduce (2) over the group's levels: NCCL
@@ -215,27 +217,27 @@ def _links_between(between) -> tuple:
     return rates, plateau, domains, tuple(tree_hops), stages, tuple(sharp_hops), sharp
 
 
-def _sharp(links: tuple, intra, chain: tuple, nvls, nvls_hops: tuple):
-    """SHARP between domains: the switches reduce, each domain sends and receives the buffer once,
-    whatever the node count; pipelined with NVLS (nvls: its (full, half) rate, _all_reduce) or the
-    NVLink chain inside the domain (intra: its (plateau, half), None where the group has no members
-    there)."""
-    rates, plateau, _, _, _, hops, _ = links
-    if nvls is not None:
-        net = network_hops_s(nvls_hops + hops)
-        full, half = nvls
-
-        def seconds(msg: float) -> float:
-            rate = None
-            for p, h in rates:
-                r = p * msg / (msg + h)
-                if rate is None or r < rate:
-                    rate = r
-            a, b = msg / (full * (msg / (msg + half))), msg / rate
-            lost = PIPELINE_ROUND_BYTES / msg if msg > PIPELINE_ROUND_BYTES else 1.0
-            return NVLS_BASE_LATENCY_S + ((b if b > a else a) + (b if b < a else a) * lost) + net
-        return seconds
-    constants = protocol_constants(chain + hops)
+def _between_domains(links: tuple, intra, chain: tuple, chain_members: int, d0, tree: bool):
+    """A double binary tree (tree) or SHARP between domains, pipelined with the NVLink chain inside the
+    domain (intra: its (plateau, half), None where the group has no members there; chain: its hops).
+    The tree (Sanders, Speck & Traeff 2009): NCCL's plain tree runs at half its bus rate whatever the
+    node count (tuning.cc: tree algorithm bandwidth = busBw / 2), so each domain's NICs carry the
+    buffer twice per direction, at TREE_BUS_FACTOR of the links; its depth: a buffer pipelined
+    through a tree in chunks reaches the far end after one chunk has crossed every stage on the way
+    up and down (T = (chunks + depth - 1) x per-chunk time), so the depth adds one chunk per stage at
+    one link's rate: 2 log2(domains) network stages and 2 (chain - 1) NVLink stages of the chain
+    inside the node; the chunk is the dimension's step (half_efficiency_bytes), or the whole buffer
+    when that is smaller. SHARP: the switches reduce, each domain sends and receives the buffer once,
+    whatever the node count (no depth: its fill is 0.0, which adds exactly nothing)."""
+    rates, plateau, _, tree_hops, stages, sharp_hops, _ = links
+    chain_stage = None
+    if tree:
+        if chain_members > 1:
+            chain_stage = (2 * (chain_members - 1), d0.half_efficiency_bytes,
+                           d0.bandwidth_GBps * 1e9 * d0.bus_efficiency)
+        constants = protocol_constants(chain + tree_hops, tree=True)
+    else:
+        stages, constants = (), protocol_constants(chain + sharp_hops)
     intra_plateau, intra_half = intra or (None, None)
 
     def seconds(msg: float) -> float:
@@ -243,47 +245,7 @@ def _sharp(links: tuple, intra, chain: tuple, nvls, nvls_hops: tuple):
             a, a_plateau = 0.0, 0.0
         else:
             a, a_plateau = msg / (intra_plateau * msg / (msg + intra_half)), msg / intra_plateau
-        rate = None
-        for p, h in rates:
-            r = p * msg / (msg + h)
-            if rate is None or r < rate:
-                rate = r
-        b, b_plateau = msg / rate, msg / plateau
-        lost = PIPELINE_ROUND_BYTES / msg if msg > PIPELINE_ROUND_BYTES else 1.0
-        payload_s = (b_plateau if b_plateau > a_plateau else a_plateau) + \
-            (b_plateau if b_plateau < a_plateau else a_plateau) * lost
-        fill_s = ((b if b > a else a) + (b if b < a else a) * lost) - payload_s
-        best = _INF
-        for factor, fixed in constants:
-            t = fixed + payload_s / factor + fill_s
-            if t < best:
-                best = t
-        return best
-    return seconds
-
-
-def _tree(links: tuple, intra, chain: tuple, chain_members: int, d0):
-    """A double binary tree all-reduce between domains (Sanders, Speck & Traeff 2009), pipelined with
-    the NVLink chain inside the domain (intra: its (plateau, half), None where the group has no
-    members there). NCCL's plain tree runs at half its bus rate whatever the node count (tuning.cc:
-    tree algorithm bandwidth = busBw / 2): each domain's NICs carry the buffer twice per direction, at
-    TREE_BUS_FACTOR of the links. Its depth: a buffer pipelined through a tree in chunks reaches the
-    far end after one chunk has crossed every stage on the way up and down (T = (chunks + depth - 1)
-    x per-chunk time), so the depth adds one chunk per stage at one link's rate: 2 log2(domains)
-    network stages and 2 (chain - 1) NVLink stages of the chain inside the node; the chunk is the
-    dimension's step (half_efficiency_bytes), or the whole buffer when that is smaller."""
-    rates, plateau, _, hops, stages, _, _ = links
-    chain_stage = (2 * (chain_members - 1), d0.half_efficiency_bytes, d0.bandwidth_GBps * 1e9 * d0.bus_efficiency) \
-        if chain_members > 1 else None
-    constants = protocol_constants(chain + hops, tree=True)
-    intra_plateau, intra_half = intra or (None, None)
-
-    def seconds(msg: float) -> float:
-        if intra is None:
-            a, a_plateau = 0.0, 0.0
-        else:
-            a, a_plateau = msg / (intra_plateau * msg / (msg + intra_half)), msg / intra_plateau
-        moved = 2.0 * msg / TREE_BUS_FACTOR
+        moved = 2.0 * msg / TREE_BUS_FACTOR if tree else msg
         rate = None
         for p, h in rates:
             r = p * msg / (msg + h)
@@ -301,28 +263,25 @@ def _tree(links: tuple, intra, chain: tuple, chain_members: int, d0):
         lost = PIPELINE_ROUND_BYTES / msg if msg > PIPELINE_ROUND_BYTES else 1.0
         payload_s = (b_plateau if b_plateau > a_plateau else a_plateau) + \
             (b_plateau if b_plateau < a_plateau else a_plateau) * lost
-        fill_s = (((b if b > a else a) + (b if b < a else a) * lost) + fill) - payload_s
-        best = _INF
-        for factor, fixed in constants:
-            t = fixed + payload_s / factor + fill_s
-            if t < best:
-                best = t
-        return best
+        return fastest(constants, payload_s, (((b if b > a else a) + (b if b < a else a) * lost) + fill) - payload_s)
     return seconds
 
 
-def _nvls_tree(links: tuple, nvls: tuple, nvls_hops: tuple):
-    """NVLS inside the domain, a tree between domains (NCCL >= 2.18 multi-node default on H100): with
-    NVLS each domain's NICs carry the buffer once per direction between two domains, twice with more
-    (a node is interior in one of the two trees); the tree's depth stages as _tree's (the NVLS
-    stage's own fill is in its ramp)."""
-    rates, _, domains, hops, stages, _, _ = links
+def _nvls_between_domains(links: tuple, nvls: tuple, nvls_hops: tuple, tree: bool):
+    """NVLS inside the domain (nvls: its rate's (full, half), _all_reduce) pipelined with a tree
+    (NVLSTree, NCCL >= 2.18 multi-node default on H100) or SHARP between domains. The tree: each
+    domain's NICs carry the buffer once per direction between two domains, twice with more (a node is
+    interior in one of the two trees), at TREE_BUS_FACTOR of the links; its depth stages as
+    _between_domains' (the NVLS stage's own fill is in its ramp). SHARP: the buffer once, no depth."""
+    rates, _, domains, tree_hops, stages, sharp_hops, _ = links
     per_direction = 1.0 if domains <= 2 else 2.0
-    net = network_hops_s(nvls_hops + hops)
+    if not tree:
+        stages = ()
+    net = network_hops_s(nvls_hops + (tree_hops if tree else sharp_hops))
     full, half = nvls
 
     def seconds(msg: float) -> float:
-        moved = per_direction * msg / TREE_BUS_FACTOR
+        moved = per_direction * msg / TREE_BUS_FACTOR if tree else msg
         rate = None
         for p, h in rates:
             r = p * msg / (msg + h)
@@ -367,12 +326,14 @@ def _all_reduce(group, levels: tuple, ring) -> tuple:
     links = _links_between(between)
     chain = ((2 * (domain[1] - 1) * (d0.latency_us * 1e-6), True),) if in_domain else ()
     intra = (domain[5], d0.half_efficiency_bytes) if in_domain else None
+    chain_members = domain[1] if in_domain else 1
     if links[6] and top.algorithm in _SHARP_OK:
-        out.append(("sharp", _sharp(links, intra, chain, nvls, nvls_hops)))
+        out.append(("sharp", _nvls_between_domains(links, nvls, nvls_hops, tree=False) if has_nvls else
+                    _between_domains(links, intra, chain, chain_members, d0, tree=False)))
     if top.algorithm in _TREE_OK:
-        out.append(("tree", _tree(links, intra, chain, domain[1] if in_domain else 1, d0)))
+        out.append(("tree", _between_domains(links, intra, chain, chain_members, d0, tree=True)))
     if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
-        out.append(("nvls_tree", _nvls_tree(links, nvls, nvls_hops)))
+        out.append(("nvls_tree", _nvls_between_domains(links, nvls, nvls_hops, tree=True)))
     return tuple(out) or (("ring", ring),)
 
 

@@ -121,7 +121,7 @@ class _Group:
             ports = dim.size // below if dim.size else 0
             if n_members > 1:
                 shared = 1 if flat else inner
-                hop = max(1, step // below)
+                hop = step // below or 1    # max(1, step // below): strides are positive
                 topology = dim.topology
                 share = 1.0 if topology is _SWITCH else topology_share(topology, n_members, hop, ports, "ring")
                 views.append((dim, n_members, shared, hop, ports,
