@@ -5,7 +5,7 @@ A collective's time on one placement is, per algorithm and protocol, a few size-
 over the ramped rate, bytes over the plateau rate, a tree's pipeline fill) around constants of the
 placement: each protocol's base and per-hop latencies, the slowest level's plateau rate, the share of
 the buffer a ring moves. `plan(group, kind, levels)` computes those constants once per group (they are
-kept on the group: network._group), so a size costs its own floats only, computed by the same
+kept on the group and in network._PLANS), so a size costs its own floats only, computed by the same
 expressions in the same order as the per-call model they replace (tests/hardware/test_collective_plans.py
 checks them bit for bit against it on random networks, groups, kinds and sizes).
 """

@@ -4,7 +4,7 @@ Placement. A group of `size` ranks whose global ranks are `stride` apart spans t
 innermost first (Megatron's rank order tp, cp, ep, dp, pp puts TP innermost): as many members as fit in
 one domain of a dimension share it, the rest spread over the next dimension (`group_span`). The
 members of one domain share that domain's links to the next level: a DP group with one member per node
-gets one NIC, a group with four members per node four NICs (`_views`: a level's plateau per inner domain).
+gets one NIC, a group with four members per node four NICs (`_Group`: a level's plateau per inner domain).
 
 Topology of a dimension changes what a group gets of the per-GPU bandwidth (`collective_plans.topology_share`):
   switch           every GPU reaches every other at its full port rate; an oversubscribed tier
@@ -46,7 +46,7 @@ domains runs at 0.92 of its links (TREE_BUS_FACTOR, tuning.cc). Algorithms with 
 node and one between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of
 PIPELINE_ROUND_BYTES: a buffer of a round or less pays both stages, a large one the slower stage. A
 tree also pays its depth: one chunk per stage up and down before its pipeline runs full
-(collective_plans._depth_fill). The arithmetic per size is in collective_plans.py, around constants
+(collective_plans._between_domains). The arithmetic per size is in collective_plans.py, around constants
 computed once per group placement.
 
 Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks, at the
