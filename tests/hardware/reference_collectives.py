@@ -14,6 +14,7 @@ from comet.graph.ir import Collective
 from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS, TREE_BUS_FACTOR,
                                              TREE_PROTOCOLS)
 from comet.hardware.network import members_in_domain
+from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
 
 A = CollectiveAlgorithm
 
@@ -230,3 +231,20 @@ def hop_time_s(msg_bytes, level, distance, levels, cap_Bps=math.inf):
     if plateau > cap_Bps:
         rate, plateau = rate * cap_Bps / plateau, cap_Bps
     return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
+
+
+def p2p_time_s(msg_bytes, distance, cluster, ranks=0, local_ranks=1):
+    """network.p2p_time_s as it was up to i22n-network (the level found by next() over a generator,
+    the hop above)."""
+    if msg_bytes <= 0:
+        return 0.0
+    levels = cluster.levels
+    level = next((i for i, dim in enumerate(levels) if dim.size == 0 or distance < dim.size), None)
+    if level is None:
+        level, distance = len(levels) - 1, 1
+    dim = levels[level]
+    if level > 0:
+        cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
+    else:
+        cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
+    return hop_time_s(msg_bytes, level, distance, levels, cap)
