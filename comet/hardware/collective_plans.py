@@ -5,7 +5,7 @@ A collective's time on one placement is, per algorithm and protocol, a few size-
 over the ramped rate, bytes over the plateau rate, a tree's pipeline fill) around constants of the
 placement: each protocol's base and per-hop latencies, the slowest level's plateau rate, the share of
 the buffer a ring moves. `plan(group, kind, levels)` computes those constants once per group (they are
-kept on the group: network._group), so a size costs its own floats only, computed by the same
+kept on the group and in network._PLANS), so a size costs its own floats only, computed by the same
 expressions in the same order as the per-call model they replace (tests/hardware/test_collective_plans.py
 checks them bit for bit against it on random networks, groups, kinds and sizes).
 """
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 
-from comet.config.cluster import CollectiveAlgorithm
+from comet.config.cluster import CollectiveAlgorithm, Topology
 from comet.graph.ir import Collective
 
 A = CollectiveAlgorithm
+_INF = math.inf
+_ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
 
 # NCCL's protocols (src/graph/tuning.cc, NCCL 2.18-2.21): LL moves 8-byte flag+data words (1/4 of the
 # bus rate for all-reduce and multi-node), LL128 120 of every 128 bytes, Simple the full rate with
@@ -73,7 +75,8 @@ def fastest(constants: tuple, payload_s: float, fill_s: float) -> float:
     """The time at the fastest protocol: base + hops + payload at the protocol's bandwidth factor +
     the per-step fill. A protocol's factor slows the payload only: the fill (the time per pipeline
     step that the efficiency ramp stands for) is a time, not a share of the link, so it is added as it
-    is (an LL step does not take four times as long to fill as a Simple one)."""
+    is (an LL step does not take four times as long to fill as a Simple one). The ring's plan inlines
+    this loop (perf: one frame per size of the most asked collectives)."""
     best = math.inf
     for factor, fixed in constants:
         t = fixed + payload_s / factor + fill_s
@@ -92,76 +95,84 @@ def network_hops_s(hops: tuple):
     return net
 
 
-def _pipelined(stage_a: float, stage_b: float, msg_bytes: float) -> float:
-    """Time of two pipelined stages over a buffer of msg_bytes (see PIPELINE_ROUND_BYTES)."""
-    overlap_lost = min(1.0, PIPELINE_ROUND_BYTES / msg_bytes) if msg_bytes > 0 else 1.0
-    return max(stage_a, stage_b) + min(stage_a, stage_b) * overlap_lost
+def topology_share(topology: Topology, n: int, stride: int, ports: int, kind: str) -> float:
+    """Fraction of a port's rate a group's `kind` traffic (ring, tree, direct, p2p) gets on a
+    dimension's topology, for `n` members `stride` ports apart in a domain of `ports` (0: unbounded)
+    (network.py's module doc). Ring and tree traffic get the same share on every topology."""
+    if topology is Topology.FULLY_CONNECTED:
+        links = (ports or n) - 1
+        return (n - 1) / links if links > 0 else 1.0
+    if topology is Topology.RING:
+        if kind == "direct":
+            return min(1.0, 4.0 / n)             # bisection: n/4 average hops per byte
+        if kind == "p2p":
+            return 0.5 / stride                  # one of the two neighbour links, shared over the hops
+        return 1.0 / stride                      # strided sub-rings share each physical hop
+    return 1.0
 
 
-def _allowed(dim, algo: CollectiveAlgorithm) -> bool:
-    return dim.algorithm in (A.AUTO, algo)
+# the algorithm settings that allow each algorithm (`auto` or that one, as NCCL_ALGO)
+_RING_OK, _TREE_OK, _NVLS_OK, _SHARP_OK = ((A.AUTO, A.RING), (A.AUTO, A.TREE), (A.AUTO, A.NVLS), (A.AUTO, A.SHARP))
 
 
-def _rates(views: list, kind: str) -> tuple:
-    """Per view (plateau rate, half-efficiency bytes) of `kind` traffic, and the slowest plateau (the
-    first smallest, as _DimView.rates' callers pick it)."""
-    # perf (i20s-step): one loop, no generator
-    rates, slowest = [], None
-    for v in views:
-        p = v.plateau(kind)
-        rates.append((p, v.dim.half_efficiency_bytes))
-        if slowest is None or p < slowest:
-            slowest = p
-    return tuple(rates), slowest
-
-
-def _slowest_rate(rates: tuple, chunk_bytes: float) -> float:
-    """The slowest view's rate when each step moves `chunk_bytes` (eff(chunk): _DimView.rates)."""
-    rate = None
-    for p, h in rates:
-        r = p * chunk_bytes / (chunk_bytes + h)
-        if rate is None or r < rate:
-            rate = r
-    return rate
-
+# perf (i22n-network): the closures below inline what every size reads (the slowest level's ramped rate,
+# the two pipelined stages, the ring's fastest protocol) rather than calling helpers, and their
+# builders read the levels in one pass (a tree and SHARP share one builder, so do NVLSTree and SHARP
+# with NVLS): a collective's first call on a group was 16-34 Python calls, a later size 4-8; now
+# 10-16 and 2 (network.py's tables included). The expressions and their order are those of the
+# helpers they replace (tests/hardware/test_collective_plans.py: bit for bit against the per-call
+# model): the slowest rate is the first smallest of p * c / (c + h); two pipelined stages a, b
+# (PIPELINE_ROUND_BYTES) take max(a, b) + min(a, b) x lost, max / min written `b if b > a else a` /
+# `b if b < a else a` (the builtins' first-wins rule) and lost = min(1, round / msg) (1 for msg <= 0)
+# written `round / msg if msg > round else 1.0` (round / msg < 1 exactly when msg > round, and equals
+# 1.0 where the two forms differ); a stage without depth adds a fill of 0.0 (x + 0.0 is x for the
+# non-negative times here); the properties latency_s and bandwidth read as their products.
 
 def _ring(group, passes: int):
     """Ring all-gather / reduce-scatter (passes 1) or all-reduce (2) over the group's levels: NCCL
     pipelines the ring across nodes, so the rate is the slowest hop (Thakur, Rabenseifner & Gropp
     2005: each rank moves (n-1)/n of the buffer per pass). Built once per group and pass count (perf:
     a group's all-gathers and reduce-scatters share it)."""
-    ring = group.plans.get(passes)
-    if ring is None:
-        ring = group.plans[passes] = _ring_seconds(group, passes)
-    return ring
-
-
-def _ring_seconds(group, passes: int):
-    n = group.n
-    rates, plateau = _rates(group.views, "ring")
+    ring = group.rings.get(passes)
+    if ring is not None:
+        return ring
+    n, views = group.n, group.views
+    rates, plateau = [], None     # per level (plateau, half-efficiency bytes); the first smallest plateau
+    for dim, _, _, _, _, p in views:
+        rates.append((p, dim.half_efficiency_bytes))
+        if plateau is None or p < plateau:
+            plateau = p
     moved_share = passes * (n - 1) / n
-    constants = protocol_constants(ring_hops(group.views, n, passes))
-
-    def seconds(msg: float) -> float:
-        rate = _slowest_rate(rates, msg / n)    # each ring step moves 1/n of the buffer
-        moved = moved_share * msg
-        bandwidth_s, payload_s = moved / rate, moved / plateau
-        return fastest(constants, payload_s, bandwidth_s - payload_s)
-    return seconds
-
-
-def ring_hops(views: list, n: int, passes: int) -> tuple:
-    """The ring's per-hop latencies. A ring visiting k sub-domains of a level crosses k boundaries per
-    pass; a crossing counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes
-    for all-reduce), the remaining of the n-1 steps per pass are inner hops."""
+    # the hops: a ring visiting k sub-domains of a level crosses k boundaries per pass; a crossing
+    # counts at the outermost level it crosses (NCCL tuning.cc: nInterSteps = 2 * nNodes for
+    # all-reduce), the remaining of the n-1 steps per pass are inner hops
     hops, outer_crossings, counted = [], 0, 0
-    for v in reversed(views[1:]):
-        k = n // v.inner
-        hops.append((passes * (k - outer_crossings) * v.dim.latency_s, False))
+    for dim, _, inner, _, _, _ in reversed(views[1:]):
+        k = n // inner
+        hops.append((passes * (k - outer_crossings) * (dim.latency_us * 1e-6), False))
         counted += k - outer_crossings
         outer_crossings = k
-    hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, True))
-    return tuple(hops)
+    hops.append((passes * max(0, n - 1 - counted) * (views[0][0].latency_us * 1e-6), True))
+    constants = protocol_constants(hops)
+
+    def seconds(msg: float) -> float:
+        chunk = msg / n     # each ring step moves 1/n of the buffer
+        rate = None
+        for p, h in rates:
+            r = p * chunk / (chunk + h)
+            if rate is None or r < rate:
+                rate = r
+        moved = moved_share * msg
+        payload_s = moved / plateau
+        fill_s = moved / rate - payload_s
+        best = _INF
+        for factor, fixed in constants:
+            t = fixed + payload_s / factor + fill_s
+            if t < best:
+                best = t
+        return best
+    group.rings[passes] = seconds
+    return seconds
 
 
 def _all_to_all(group, size: int):
@@ -170,10 +181,11 @@ def _all_to_all(group, size: int):
     NIC's rate per GPU)."""
     views = group.views
     # per level: the share of the buffer sent through it (peers not inside the sub-domain below)
-    levels = tuple(((v.inner * v.n - v.inner) / size, v.inner, v.plateau("direct"), v.dim.half_efficiency_bytes)
-                   for v in views)
-    constants = protocol_constants(tuple(((v.n - 1) * v.dim.latency_s, v is views[0] and len(views) == 1)
-                                         for v in views))
+    levels = tuple([((inner * n - inner) / size, inner,
+                     inner * dim.bandwidth * dim.bus_efficiency * topology_share(dim.topology, n, stride, ports, "direct")
+                     / dim.oversubscription, dim.half_efficiency_bytes)
+                    for dim, n, inner, stride, ports, _ in views])
+    constants = protocol_constants(tuple([((n - 1) * dim.latency_s, len(views) == 1) for dim, n, *_ in views]))
 
     def seconds(msg: float) -> float:
         t, plateau, chunk = 0.0, 0.0, msg / size
@@ -185,134 +197,144 @@ def _all_to_all(group, size: int):
     return seconds
 
 
-def _tree_between_domains(between: list, nvls: bool):
-    """A double-binary-tree all-reduce between the domains of `between` (Sanders, Speck & Traeff
-    2009): (bandwidth time, the same at the plateau rate) of a size, and the hops. With NVLS inside
-    the domain each domain's NICs carry the buffer once per direction between two domains, twice with
-    more (a node is interior in one of the two trees); NCCL's plain tree runs at half its bus rate
-    whatever the node count (tuning.cc: tree algorithm bandwidth = busBw / 2); the tree's links at
-    TREE_BUS_FACTOR."""
-    domains = math.prod(v.n for v in between)
-    per_direction = 1.0 if nvls and domains <= 2 else 2.0
-    rates, plateau = _rates(between, "tree")
-    hops = tuple([(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s, False) for v in between])
+def _links_between(between) -> tuple:
+    """What the algorithms between domains read of their levels, in one pass: per level (plateau,
+    half-efficiency bytes) and the slowest plateau (the first smallest); the domains; the double
+    binary tree's hops (Sanders, Speck & Traeff 2009: 2 log2(n) per level, up and down) and its depth
+    stages (_tree); SHARP's hops (2 per level) and whether every level reduces in the network."""
+    rates, plateau, domains, tree_hops, stages, sharp_hops, sharp = [], None, 1, [], [], [], True
+    for dim, n, _, _, _, p in between:
+        rates.append((p, dim.half_efficiency_bytes))
+        if plateau is None or p < plateau:
+            plateau = p
+        domains *= n
+        latency_s = dim.latency_us * 1e-6
+        depth = 2 * math.ceil(math.log2(n))
+        tree_hops.append((depth * latency_s, False))
+        stages.append((depth, dim.half_efficiency_bytes, dim.bandwidth_GBps * 1e9 * dim.bus_efficiency))
+        sharp_hops.append((2 * latency_s, False))
+        sharp = sharp and dim.in_network_reduction
+    return rates, plateau, domains, tuple(tree_hops), stages, tuple(sharp_hops), sharp
 
-    def seconds(msg: float) -> tuple[float, float]:
-        moved = per_direction * msg / TREE_BUS_FACTOR
-        return moved / _slowest_rate(rates, msg), moved / plateau
-    return seconds, hops
 
-
-def _depth_fill(between: list, chain: int, d0):
-    """Pipeline fill of a tree: a buffer pipelined through a tree in chunks reaches the far end after
-    one chunk has crossed every stage on the way up and down (Sanders, Speck & Traeff 2009:
-    T = (chunks + depth - 1) x per-chunk time), so the depth adds one chunk per stage at one link's
-    rate: 2 log2(domains) network stages, and for the plain tree 2 (chain - 1) NVLink stages of the
-    chain inside the node. The chunk is the dimension's step (half_efficiency_bytes), or the whole
-    buffer when that is smaller."""
-    stages = tuple([(2 * math.ceil(math.log2(v.n)), v.dim.half_efficiency_bytes, v.dim.bandwidth * v.dim.bus_efficiency)
-                    for v in between])
-    chain_stages = 2 * (chain - 1)
-    chain_half, chain_rate = d0.half_efficiency_bytes, d0.bandwidth * d0.bus_efficiency
+def _between_domains(links: tuple, intra, chain: tuple, chain_members: int, d0, tree: bool):
+    """A double binary tree (tree) or SHARP between domains, pipelined with the NVLink chain inside the
+    domain (intra: its (plateau, half), None where the group has no members there; chain: its hops).
+    The tree (Sanders, Speck & Traeff 2009): NCCL's plain tree runs at half its bus rate whatever the
+    node count (tuning.cc: tree algorithm bandwidth = busBw / 2), so each domain's NICs carry the
+    buffer twice per direction, at TREE_BUS_FACTOR of the links; its depth: a buffer pipelined
+    through a tree in chunks reaches the far end after one chunk has crossed every stage on the way
+    up and down (T = (chunks + depth - 1) x per-chunk time), so the depth adds one chunk per stage at
+    one link's rate: 2 log2(domains) network stages and 2 (chain - 1) NVLink stages of the chain
+    inside the node; the chunk is the dimension's step (half_efficiency_bytes), or the whole buffer
+    when that is smaller. SHARP: the switches reduce, each domain sends and receives the buffer once,
+    whatever the node count (no depth: its fill is 0.0, which adds exactly nothing)."""
+    rates, plateau, _, tree_hops, stages, sharp_hops, _ = links
+    chain_stage = None
+    if tree:
+        if chain_members > 1:
+            chain_stage = (2 * (chain_members - 1), d0.half_efficiency_bytes,
+                           d0.bandwidth_GBps * 1e9 * d0.bus_efficiency)
+        constants = protocol_constants(chain + tree_hops, tree=True)
+    else:
+        stages, constants = (), protocol_constants(chain + sharp_hops)
+    intra_plateau, intra_half = intra or (None, None)
 
     def seconds(msg: float) -> float:
+        if intra is None:
+            a, a_plateau = 0.0, 0.0
+        else:
+            a, a_plateau = msg / (intra_plateau * msg / (msg + intra_half)), msg / intra_plateau
+        moved = 2.0 * msg / TREE_BUS_FACTOR if tree else msg
+        rate = None
+        for p, h in rates:
+            r = p * msg / (msg + h)
+            if rate is None or r < rate:
+                rate = r
+        b, b_plateau = moved / rate, moved / plateau
         fill = 0
-        for count, half, rate in stages:
-            fill += count * (min(msg, half) / rate)
-        return fill + (chain_stages * (min(msg, chain_half) / chain_rate) if chain > 1 else 0.0)
+        for count, chunk, link in stages:
+            fill += count * ((chunk if chunk < msg else msg) / link)
+        if chain_stage is None:
+            fill = fill + 0.0
+        else:
+            count, chunk, link = chain_stage
+            fill = fill + count * ((chunk if chunk < msg else msg) / link)
+        lost = PIPELINE_ROUND_BYTES / msg if msg > PIPELINE_ROUND_BYTES else 1.0
+        payload_s = (b_plateau if b_plateau > a_plateau else a_plateau) + \
+            (b_plateau if b_plateau < a_plateau else a_plateau) * lost
+        return fastest(constants, payload_s, (((b if b > a else a) + (b if b < a else a) * lost) + fill) - payload_s)
     return seconds
 
 
-def _nvls_rate(d0):
-    """Algorithm bandwidth of NVLS all-reduce at a size: the measured bus bandwidth at a full domain,
-    converted with nccl-tests' busbw = algbw * 2(n-1)/n (each GPU moves the buffer once per direction,
-    so the rate does not depend on how many members take part), reached by large buffers only."""
-    n = d0.size
-    full = d0.nvls_bus_GBps * 1e9 * n / (2 * (n - 1))
-    half = d0.nvls_half_efficiency_bytes
-    return lambda msg: full * (msg / (msg + half))
-
-
-def _intra(domain):
-    """The stage inside the scale-up domain of a two-stage all-reduce: (time, time at the plateau
-    rate) of a size, (0, 0) where the group has no members there."""
-    if domain is None:
-        return lambda msg: (0.0, 0.0)
-    ((plateau, half),), _ = _rates([domain], "ring")
-    return lambda msg: (msg / (plateau * msg / (msg + half)), msg / plateau)
-
-
-def _sharp(between: list, intra, chain: tuple, nvls_rate, nvls_hops: tuple):
-    """SHARP between domains: the switches reduce, each domain sends and receives the buffer once,
-    whatever the node count; pipelined with NVLS (nvls_rate: its rate of a size) or the NVLink chain
-    inside the domain."""
-    rates, plateau = _rates(between, "tree")
-    hops = tuple((2 * v.dim.latency_s, False) for v in between)
-    if nvls_rate is not None:
-        net = network_hops_s(nvls_hops + hops)
-        return lambda msg: (NVLS_BASE_LATENCY_S + _pipelined(msg / nvls_rate(msg), msg / _slowest_rate(rates, msg), msg)
-                            + net)
-    constants = protocol_constants(chain + hops)
+def _nvls_between_domains(links: tuple, nvls: tuple, nvls_hops: tuple, tree: bool):
+    """NVLS inside the domain (nvls: its rate's (full, half), _all_reduce) pipelined with a tree
+    (NVLSTree, NCCL >= 2.18 multi-node default on H100) or SHARP between domains. The tree: each
+    domain's NICs carry the buffer once per direction between two domains, twice with more (a node is
+    interior in one of the two trees), at TREE_BUS_FACTOR of the links; its depth stages as
+    _between_domains' (the NVLS stage's own fill is in its ramp). SHARP: the buffer once, no depth."""
+    rates, _, domains, tree_hops, stages, sharp_hops, _ = links
+    per_direction = 1.0 if domains <= 2 else 2.0
+    if not tree:
+        stages = ()
+    net = network_hops_s(nvls_hops + (tree_hops if tree else sharp_hops))
+    full, half = nvls
 
     def seconds(msg: float) -> float:
-        (a, a_plateau), b, b_plateau = intra(msg), msg / _slowest_rate(rates, msg), msg / plateau
-        payload_s = _pipelined(a_plateau, b_plateau, msg)
-        return fastest(constants, payload_s, _pipelined(a, b, msg) - payload_s)
+        moved = per_direction * msg / TREE_BUS_FACTOR if tree else msg
+        rate = None
+        for p, h in rates:
+            r = p * msg / (msg + h)
+            if rate is None or r < rate:
+                rate = r
+        a, b = msg / (full * (msg / (msg + half))), moved / rate
+        fill = 0
+        for count, chunk, link in stages:
+            fill += count * ((chunk if chunk < msg else msg) / link)
+        lost = PIPELINE_ROUND_BYTES / msg if msg > PIPELINE_ROUND_BYTES else 1.0
+        return NVLS_BASE_LATENCY_S + (((b if b > a else a) + (b if b < a else a) * lost) + (fill + 0.0)) + net
     return seconds
 
 
-def _tree(between: list, intra, chain: tuple, chain_members: int, d0):
-    """A double binary tree between domains, pipelined with the NVLink chain inside the domain."""
-    tree_s, hops = _tree_between_domains(between, nvls=False)
-    fill_s = _depth_fill(between, chain_members, d0)
-    constants = protocol_constants(chain + hops, tree=True)
-
-    def seconds(msg: float) -> float:
-        (a, a_plateau), (b, b_plateau) = intra(msg), tree_s(msg)
-        bandwidth_s = _pipelined(a, b, msg) + fill_s(msg)
-        payload_s = _pipelined(a_plateau, b_plateau, msg)
-        return fastest(constants, payload_s, bandwidth_s - payload_s)
-    return seconds
-
-
-def _nvls_tree(between: list, d0, nvls_rate, nvls_hops: tuple):
-    """NVLS inside the domain, a tree between domains (NCCL >= 2.18 multi-node default on H100)."""
-    tree_s, hops = _tree_between_domains(between, nvls=True)
-    fill_s = _depth_fill(between, 1, d0)    # the NVLS stage's own fill is in its ramp
-    net = network_hops_s(nvls_hops + hops)
-    return lambda msg: NVLS_BASE_LATENCY_S + (_pipelined(msg / nvls_rate(msg), tree_s(msg)[0], msg) + fill_s(msg)) + net
-
-
-def _all_reduce(group, levels: tuple, ring) -> list:
+def _all_reduce(group, levels: tuple, ring) -> tuple:
     """All-reduce: the part inside the scale-up domain (if the group has members there) and the part
     between domains, each with its own algorithms (network.py's module doc): (name, seconds) of each
     allowed one, in NCCL's order."""
     views = group.views
     out = []
-    top = views[-1].dim
-    if _allowed(top, A.RING) and _allowed(views[0].dim, A.RING):
+    top = views[-1][0]
+    if top.algorithm in _RING_OK and views[0][0].algorithm in _RING_OK:
         out.append(("ring", ring))
     d0 = levels[0]
-    domain = views[0] if views[0].dim is d0 else None
+    domain = views[0] if views[0][0] is d0 else None
     between = views[1:] if domain is not None else views
-    in_domain = domain is not None and domain.n > 1
-    has_nvls = in_domain and bool(d0.nvls_bus_GBps) and d0.size > 1 and _allowed(d0, A.NVLS)
-    nvls_hops = ((2 * d0.latency_s, True),)
-    nvls_rate = _nvls_rate(d0) if has_nvls else None
+    in_domain = domain is not None and domain[1] > 1
+    has_nvls = in_domain and bool(d0.nvls_bus_GBps) and d0.size > 1 and d0.algorithm in _NVLS_OK
+    nvls_hops = ((2 * (d0.latency_us * 1e-6), True),)
+    # NVLS all-reduce's algorithm bandwidth full x msg / (msg + half): the measured bus bandwidth at a
+    # full domain converted with nccl-tests' busbw = algbw * 2(n-1)/n (each GPU moves the buffer once
+    # per direction, so the rate does not depend on how many members take part), reached by large
+    # buffers only
+    nvls = (d0.nvls_bus_GBps * 1e9 * d0.size / (2 * (d0.size - 1)), d0.nvls_half_efficiency_bytes) \
+        if has_nvls else None
     if not between:
         if has_nvls:
             net = network_hops_s(nvls_hops)
-            out.append(("nvls", lambda msg: NVLS_BASE_LATENCY_S + msg / nvls_rate(msg) + net))
-        return out or [("ring", ring)]
-    chain = ((2 * (domain.n - 1) * d0.latency_s, True),) if in_domain else ()
-    intra = _intra(domain if in_domain else None)
-    if all(v.dim.in_network_reduction for v in between) and _allowed(top, A.SHARP):
-        out.append(("sharp", _sharp(between, intra, chain, nvls_rate, nvls_hops)))
-    if _allowed(top, A.TREE):
-        out.append(("tree", _tree(between, intra, chain, domain.n if in_domain else 1, d0)))
+            full, half = nvls
+            out.append(("nvls", lambda msg: NVLS_BASE_LATENCY_S + msg / (full * (msg / (msg + half))) + net))
+        return tuple(out) or (("ring", ring),)
+    links = _links_between(between)
+    chain = ((2 * (domain[1] - 1) * (d0.latency_us * 1e-6), True),) if in_domain else ()
+    intra = (domain[5], d0.half_efficiency_bytes) if in_domain else None
+    chain_members = domain[1] if in_domain else 1
+    if links[6] and top.algorithm in _SHARP_OK:
+        out.append(("sharp", _nvls_between_domains(links, nvls, nvls_hops, tree=False) if has_nvls else
+                    _between_domains(links, intra, chain, chain_members, d0, tree=False)))
+    if top.algorithm in _TREE_OK:
+        out.append(("tree", _between_domains(links, intra, chain, chain_members, d0, tree=True)))
     if has_nvls and d0.algorithm is not A.RING and top.algorithm is not A.RING:
-        out.append(("nvls_tree", _nvls_tree(between, d0, nvls_rate, nvls_hops)))
-    return out or [("ring", ring)]
+        out.append(("nvls_tree", _nvls_between_domains(links, nvls, nvls_hops, tree=True)))
+    return tuple(out) or (("ring", ring),)
 
 
 def plan(group, kind: Collective, levels: tuple, flat: bool) -> tuple:
@@ -321,14 +343,13 @@ def plan(group, kind: Collective, levels: tuple, flat: bool) -> tuple:
     views = group.views
     if not views:
         return (("none", lambda msg: 0.0),)
-    if flat and kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
-        return (("flat_ring", _ring(group, 2 if kind is Collective.ALL_REDUCE else 1)),)
+    if kind is _ALL_REDUCE:
+        return (("flat_ring", _ring(group, 2)),) if flat else _all_reduce(group, levels, _ring(group, 2))
+    if kind is _ALL_GATHER or kind is _REDUCE_SCATTER:
+        return (("flat_ring" if flat else "ring", _ring(group, 1)),)
     if kind is Collective.BARRIER:
-        barrier_s = sum(2 * math.ceil(math.log2(v.n)) * v.dim.latency_s for v in views)
+        barrier_s = sum(2 * math.ceil(math.log2(n)) * (dim.latency_us * 1e-6) for dim, n, *_ in views)
         return (("barrier", lambda msg: barrier_s),)
     if kind is Collective.ALL_TO_ALL:
         return (("direct", _all_to_all(group, group.size)),)
-    ring = _ring(group, 2 if kind is Collective.ALL_REDUCE else 1)
-    if kind is not Collective.ALL_REDUCE:
-        return (("ring", ring),)
-    return tuple(_all_reduce(group, levels, ring))
+    return (("ring", _ring(group, 1)),)

@@ -4,9 +4,9 @@ Placement. A group of `size` ranks whose global ranks are `stride` apart spans t
 innermost first (Megatron's rank order tp, cp, ep, dp, pp puts TP innermost): as many members as fit in
 one domain of a dimension share it, the rest spread over the next dimension (`group_span`). The
 members of one domain share that domain's links to the next level: a DP group with one member per node
-gets one NIC, a group with four members per node four NICs (`_DimView.port_GBps`).
+gets one NIC, a group with four members per node four NICs (`_Group`: a level's plateau per inner domain).
 
-Topology of a dimension changes what a group gets of the per-GPU bandwidth (`_topology_share`):
+Topology of a dimension changes what a group gets of the per-GPU bandwidth (`collective_plans.topology_share`):
   switch           every GPU reaches every other at its full port rate; an oversubscribed tier
                    (ratio r) gives 1/r of it to traffic that crosses that tier.
   fully_connected  the port rate is split over D-1 direct links (D GPUs per domain): a group of n
@@ -46,7 +46,7 @@ domains runs at 0.92 of its links (TREE_BUS_FACTOR, tuning.cc). Algorithms with 
 node and one between nodes (tree, nvls_tree, sharp) pipeline the two in rounds of
 PIPELINE_ROUND_BYTES: a buffer of a round or less pays both stages, a large one the slower stage. A
 tree also pays its depth: one chunk per stage up and down before its pipeline runs full
-(collective_plans._depth_fill). The arithmetic per size is in collective_plans.py, around constants
+(collective_plans._between_domains). The arithmetic per size is in collective_plans.py, around constants
 computed once per group placement.
 
 Point-to-point: `p2p_time_s` sends one buffer over the innermost level holding both ranks, at the
@@ -63,27 +63,17 @@ import math
 from comet.config.cluster import ClusterSpec, NetworkDim, Topology
 from comet.graph.ir import Collective
 from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS,  # noqa: F401
-                                             TREE_BUS_FACTOR, TREE_PROTOCOLS, fastest, protocol_constants)
+                                             TREE_BUS_FACTOR, TREE_PROTOCOLS, fastest, protocol_constants,
+                                             topology_share)
 from comet.hardware.collective_plans import plan as collective_plan
 from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
 
+_SWITCH = Topology.SWITCH
+
 
 def group_span(size: int, stride: int, network: tuple[NetworkDim, ...]) -> list[int]:
-    """Members of the group per network dimension; the product equals `size`."""
-    span = []
-    remaining = size
-    step = stride
-    for dim in network:
-        if remaining == 1:
-            span.append(1)
-            continue
-        fit = members_in_domain(remaining, step, dim.size)
-        span.append(fit)
-        remaining //= fit
-        step *= fit
-    if remaining > 1:   # only reachable if every dimension is bounded and too small
-        span[-1] *= remaining
-    return span
+    """Members of the group per network dimension; the product equals `size` (_Group computes it)."""
+    return _Group(size, stride, network, False).span
 
 
 def members_in_domain(size: int, stride: int, ranks_per_domain: int) -> int:
@@ -98,82 +88,52 @@ def members_in_domain(size: int, stride: int, ranks_per_domain: int) -> int:
     return fit
 
 
-class _DimView:
-    """One spanned dimension as the group sees it (read-only by convention; perf: a slotted class, a
-    frozen dataclass's __init__ costs a setattr call per field on every collective's cost model)."""
-    __slots__ = ("dim", "n", "inner", "stride", "ports", "plateaus")
-
-    def __init__(self, dim: NetworkDim, n: int, inner: int, stride: int, ports: int):
-        self.dim = dim
-        self.n = n                 # group members along this dimension
-        self.inner = inner         # group members inside one domain of the level below (share its ports)
-        self.stride = stride       # distance between consecutive members, in ports of this dimension
-        self.ports = ports         # ports (GPUs or sub-domains) of one domain of this dimension; 0 = unbounded
-        self.plateaus: dict[str, float] = {}   # traffic kind -> plateau rate (size-independent, see rates)
-
-    def plateau(self, kind: str) -> float:
-        """Bytes per second the group's `kind` traffic gets through this dimension per inner domain
-        at the plateau (large steps): it reads the placement and the kind of traffic, not the size."""
-        # perf (i17n-network): computed once per view (views are shared by every size of a group: _group)
-        plateau = self.plateaus.get(kind)
-        if plateau is None:
-            d = self.dim
-            plateau = self.plateaus[kind] = (self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind)
-                                             / d.oversubscription)
-        return plateau
-
-    def rates(self, chunk_bytes: float, kind: str) -> tuple[float, float]:
-        """(rate, plateau rate): bytes per second the group's traffic gets through this dimension, per
-        inner domain, when each step moves `chunk_bytes` per rank (pipelining and per-message
-        overheads: eff(chunk)), and the same without the per-step fill."""
-        plateau = self.plateau(kind)
-        return plateau * chunk_bytes / (chunk_bytes + self.dim.half_efficiency_bytes), plateau
-
-
-def _topology_share(v: _DimView, kind: str) -> float:
-    """Fraction of a port's rate the group's pattern gets on this dimension's topology (module doc)."""
-    topo = v.dim.topology
-    if topo is Topology.FULLY_CONNECTED:
-        links = (v.ports or v.n) - 1
-        return (v.n - 1) / links if links > 0 else 1.0
-    if topo is Topology.RING:
-        if kind == "direct":
-            return min(1.0, 4.0 / v.n)             # bisection: n/4 average hops per byte
-        if kind == "p2p":
-            return 0.5 / v.stride                  # one of the two neighbour links, shared over the hops
-        return 1.0 / v.stride                      # strided sub-rings share each physical hop
-    return 1.0
-
-
-def _views(size: int, stride: int, network: tuple[NetworkDim, ...], flat: bool = False) -> list[_DimView]:
-    """The spanned dimensions; `flat`: the group's traffic leaves each domain through one port, not
-    through all of its members' ports together (inner = 1 at every level)."""
-    span = group_span(size, stride, network)
-    views, inner, step, below = [], 1, stride, 1
-    for n_members, dim_obj in zip(span, network):
-        ports = dim_obj.size // below if dim_obj.size else 0
-        if n_members > 1:
-            views.append(_DimView(dim_obj, n_members, 1 if flat else inner, max(1, step // below), ports))
-            inner *= n_members
-            step *= n_members
-        below = dim_obj.size or below
-    return views
-
-
 class _Group:
     """A group's placement on one network: what its collectives' times read that does not depend on
-    the message size, computed once per (network, size, stride, flat) by _group: the spanned levels
-    (whose plateau rates fill in per traffic kind on first use), the member count, and per kind of
-    collective the algorithms' plans (collective_plans.plan, filled in on first use). Read-only by
-    convention once built."""
-    __slots__ = ("levels", "views", "n", "size", "plans")
+    the message size, computed once per (network, size, stride, flat) (_new_plan): the spanned
+    levels, the member count, and the ring per pass count that its kinds' plans share (_PLANS holds
+    the plans). Read-only by convention once built.
 
-    def __init__(self, levels: tuple[NetworkDim, ...], views: list[_DimView], size: int):
+    `views`, the spanned levels innermost first: per level (dim, n, inner, stride, ports, plateau): the
+    group's members along it, its members inside one domain of the level below (they share that
+    domain's ports), the distance between consecutive members in ports of this level, the ports of
+    one of its domains (0: unbounded), and the bytes per second ring and tree traffic gets through it
+    per inner domain at the plateau (large steps; collective_plans.py reads them). `flat`: the group's
+    traffic leaves each domain through one port, not through all of its members' ports together
+    (inner = 1 at every level).
+    perf (i22n-network): the span and the views (tuples) built in this one pass (no object, no plateau
+    memo per level; the property bandwidth read as its product, bandwidth_GBps * 1e9)."""
+    __slots__ = ("levels", "span", "views", "n", "size", "rings")
+
+    def __init__(self, size: int, stride: int, levels: tuple[NetworkDim, ...], flat: bool):
         self.levels = levels   # held: the table is keyed by its id
-        self.views = views
-        self.n = math.prod(v.n for v in views)
+        # the span (group_span): as many of the remaining members as one domain of a level holds share
+        # it, the rest spread over the next level
+        span, views, inner, step, below, remaining, last = [], [], 1, stride, 1, size, len(levels) - 1
+        for i, dim in enumerate(levels):
+            n_members = 1
+            if remaining > 1:
+                n_members = members_in_domain(remaining, step, dim.size)
+                remaining //= n_members
+                if remaining > 1 and i == last:   # only reachable if every dimension is bounded and too small
+                    n_members *= remaining
+            span.append(n_members)
+            ports = dim.size // below if dim.size else 0
+            if n_members > 1:
+                shared = 1 if flat else inner
+                hop = step // below or 1    # max(1, step // below): strides are positive
+                topology = dim.topology
+                share = 1.0 if topology is _SWITCH else topology_share(topology, n_members, hop, ports, "ring")
+                views.append((dim, n_members, shared, hop, ports,
+                              shared * (dim.bandwidth_GBps * 1e9) * dim.bus_efficiency * share / dim.oversubscription))
+                inner *= n_members
+                step *= n_members
+            below = dim.size or below
+        self.span = span
+        self.views = tuple(views)
+        self.n = inner          # the members: the product of the spanned levels' counts
         self.size = size
-        self.plans: dict = {}   # kind -> collective_plans.plan; ring passes -> its seconds(msg)
+        self.rings: dict = {}   # passes -> the ring's seconds(msg) (collective_plans._ring: shared by kinds)
 
 
 # perf (i17n-network): (id(levels), size, stride, flat) -> _Group. A cold GPT-3 1T call times ten
@@ -184,31 +144,36 @@ class _Group:
 # entry lives. clear_groups() empties it (replay/cache.clear).
 _GROUPS: dict[tuple, _Group] = {}
 _GROUP_ENTRIES = 4096
-
-
-def _group(size: int, stride: int, levels: tuple[NetworkDim, ...], flat: bool = False) -> _Group:
-    key = (id(levels), size, stride, flat)
-    group = _GROUPS.get(key)
-    if group is None or group.levels is not levels:
-        if len(_GROUPS) >= _GROUP_ENTRIES:
-            _GROUPS.clear()
-        group = _GROUPS[key] = _Group(levels, _views(size, stride, levels, flat), size)
-    return group
+# perf (i22n-network): (id(levels), size, stride, flat, kind) -> (levels, plan): a collective's plan in
+# one look-up (was _plan -> _group -> the group's plans by kind). Bounded and emptied with _GROUPS.
+_PLANS: dict[tuple, tuple] = {}
 
 
 def clear_groups() -> None:
-    """Empty the per-group placement table (a cold-start benchmark, tests)."""
+    """Empty the per-group placement and plan tables (a cold-start benchmark, tests)."""
     _GROUPS.clear()
+    _PLANS.clear()
+
+
+def _new_plan(kind: Collective, size: int, stride: int, levels: tuple[NetworkDim, ...], flat: bool) -> tuple:
+    """The algorithms' plans of `kind` on this placement (collective_plans.plan), built once per group
+    and kind and entered in _PLANS."""
+    if len(_PLANS) >= 4 * _GROUP_ENTRIES or len(_GROUPS) >= _GROUP_ENTRIES:
+        clear_groups()
+    key = (id(levels), size, stride, flat)
+    group = _GROUPS.get(key)
+    if group is None or group.levels is not levels:
+        group = _GROUPS[key] = _Group(size, stride, levels, flat)
+    plan = collective_plan(group, kind, levels, flat)
+    _PLANS[(id(levels), size, stride, flat, kind)] = (levels, plan)
+    return plan
 
 
 def _plan(kind: Collective, size: int, stride: int, cluster: ClusterSpec, flat: bool) -> tuple:
-    """The algorithms' plans of `kind` on this placement (collective_plans.plan), built once per group."""
+    """The algorithms' plans of `kind` on this placement: (name, seconds(msg_bytes)) per algorithm."""
     levels = cluster.levels
-    group = _group(size, stride, levels, flat)
-    plan = group.plans.get(kind)
-    if plan is None:
-        plan = group.plans[kind] = collective_plan(group, kind, levels, flat)
-    return plan
+    entry = _PLANS.get((id(levels), size, stride, flat, kind))
+    return entry[1] if entry is not None and entry[0] is levels else _new_plan(kind, size, stride, levels, flat)
 
 
 def algorithm_times(kind: Collective, msg_bytes: float, size: int, stride: int,
@@ -243,9 +208,13 @@ def collective_time_s(kind: Collective, msg_bytes: float, size: int, stride: int
     reports `size`. `flat`: one ring over the whole group at one port per GPU (algorithm_times)."""
     if size <= 1 or msg_bytes <= 0:
         return 0.0
-    # perf (i18s-step): the plans' times compared as they come, no dict of them (chosen_algorithm)
+    # perf (i18s-step): the plans' times compared as they come, no dict of them (chosen_algorithm);
+    # (i22n-network) _plan's look-up inline (one frame fewer a call)
+    levels = cluster.levels
+    entry = _PLANS.get((id(levels), size, stride, flat, kind))
     best = None
-    for _, seconds in _plan(kind, size, stride, cluster, flat):
+    for _, seconds in entry[1] if entry is not None and entry[0] is levels else \
+            _new_plan(kind, size, stride, levels, flat):
         t = seconds(msg_bytes)
         if best is None or t < best:
             best = t
@@ -259,13 +228,26 @@ def _hop_time_s(msg_bytes: float, level: int, distance: int, levels: tuple[Netwo
     the rate the send's NCCL channels are sized for, where lower than the port's (p2p_channels.py)."""
     below = levels[level - 1].size if level > 0 else 1
     dim = levels[level]
-    ports = dim.size // below if dim.size else 0
-    view = _DimView(dim, 2, 1, max(1, distance // below), ports)
-    rate, plateau = view.rates(msg_bytes, "p2p")
+    topology = dim.topology
+    share = 1.0 if topology is _SWITCH else \
+        topology_share(topology, 2, max(1, distance // below), dim.size // below if dim.size else 0, "p2p")
+    # one port (inner 1) at the plateau and at the ramped rate eff(msg_bytes)
+    plateau = 1 * (dim.bandwidth_GBps * 1e9) * dim.bus_efficiency * share / dim.oversubscription
+    rate = plateau * msg_bytes / (msg_bytes + dim.half_efficiency_bytes)
     if plateau > cap_Bps:
         rate, plateau = rate * cap_Bps / plateau, cap_Bps
     payload_s = msg_bytes / plateau
-    return fastest(protocol_constants(((dim.latency_s, level == 0),)), payload_s, msg_bytes / rate - payload_s)
+    fill_s = msg_bytes / rate - payload_s
+    # perf (i22n-network): fastest(protocol_constants(((latency_s, innermost),)), payload_s, fill_s)
+    # inline, the same sums in the same order
+    latency_s, innermost, best = dim.latency_us * 1e-6, level == 0, math.inf
+    for factor, base, r_inner, r_net in PROTOCOLS.values():
+        lat = 0
+        lat += latency_s * (r_inner if innermost else r_net)
+        t = base + lat + payload_s / factor + fill_s
+        if t < best:
+            best = t
+    return best
 
 
 def _level_holding(a: int, b: int, levels: tuple[NetworkDim, ...]) -> int:
@@ -285,14 +267,20 @@ def p2p_time_s(msg_bytes: float, distance: int, cluster: ClusterSpec, ranks: int
     if msg_bytes <= 0:
         return 0.0
     levels = cluster.levels
-    level = next((i for i, dim in enumerate(levels) if dim.size == 0 or distance < dim.size), None)
-    if level is None:
+    # perf (i22n-network): the innermost level holding both ranks by a loop (was next() over a generator)
+    level = 0
+    for dim in levels:
+        if dim.size == 0 or distance < dim.size:
+            break
+        level += 1
+    else:
         level, distance = len(levels) - 1, 1
     dim = levels[level]
+    port_GBps = dim.bandwidth_GBps * 1e9 / 1e9     # dim.bandwidth / 1e9, as before
     if level > 0:
-        cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
+        cap = net_p2p_rate_GBps(port_GBps, ranks, local_ranks, msg_bytes) * 1e9
     else:   # inside the NVLink domain: the channels of a single-node communicator (p2p_channels.py)
-        cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
+        cap = nvlink_p2p_rate_GBps(port_GBps, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
     return _hop_time_s(msg_bytes, level, distance, levels, cap)
 
 

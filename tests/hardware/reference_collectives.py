@@ -1,20 +1,90 @@
 """The collective models as they were computed per call before the per-group plans
 (comet/hardware/collective_plans.py, branch i18s-step; main 1e0c0a7's network.algorithm_times and its
-helpers, unchanged but for the placement, which is network._views built afresh, and the ring's hop
-latencies, collective_plans.ring_hops, main's _ring_hops as it was): the reference the plans are checked
-against bit for bit (test_collective_plans.py)."""
+helpers, unchanged but for the placement, which is _views below built afresh (network._views and its
+per-level view class as they were up to branch i22n-network), and the ring's hop latencies, main's
+_ring_hops as it was): the reference the plans are checked against bit for bit
+(test_collective_plans.py)."""
 
 from __future__ import annotations
 
 import math
 
-from comet.config.cluster import CollectiveAlgorithm
+from comet.config.cluster import CollectiveAlgorithm, Topology
 from comet.graph.ir import Collective
-from comet.hardware import network
 from comet.hardware.collective_plans import (NVLS_BASE_LATENCY_S, PIPELINE_ROUND_BYTES, PROTOCOLS, TREE_BUS_FACTOR,
-                                             TREE_PROTOCOLS, ring_hops)
+                                             TREE_PROTOCOLS)
+from comet.hardware.network import members_in_domain
+from comet.hardware.p2p_channels import net_p2p_rate_GBps, nvlink_p2p_rate_GBps
 
 A = CollectiveAlgorithm
+
+
+class _DimView:
+    """One spanned dimension as the group sees it (network._DimView up to i22n-network)."""
+
+    def __init__(self, dim, n, inner, stride, ports):
+        self.dim, self.n, self.inner, self.stride, self.ports = dim, n, inner, stride, ports
+
+    def rates(self, chunk_bytes, kind):
+        d = self.dim
+        plateau = self.inner * d.bandwidth * d.bus_efficiency * _topology_share(self, kind) / d.oversubscription
+        return plateau * chunk_bytes / (chunk_bytes + d.half_efficiency_bytes), plateau
+
+
+def _topology_share(v, kind):
+    topo = v.dim.topology
+    if topo is Topology.FULLY_CONNECTED:
+        links = (v.ports or v.n) - 1
+        return (v.n - 1) / links if links > 0 else 1.0
+    if topo is Topology.RING:
+        if kind == "direct":
+            return min(1.0, 4.0 / v.n)
+        if kind == "p2p":
+            return 0.5 / v.stride
+        return 1.0 / v.stride
+    return 1.0
+
+
+def group_span(size, stride, network):
+    """network.group_span as it was up to i22n-network (now computed by network._Group in one pass)."""
+    span = []
+    remaining = size
+    step = stride
+    for dim in network:
+        if remaining == 1:
+            span.append(1)
+            continue
+        fit = members_in_domain(remaining, step, dim.size)
+        span.append(fit)
+        remaining //= fit
+        step *= fit
+    if remaining > 1:
+        span[-1] *= remaining
+    return span
+
+
+def _views(size, stride, network, flat=False):
+    span = group_span(size, stride, network)
+    views, inner, step, below = [], 1, stride, 1
+    for n_members, dim_obj in zip(span, network):
+        ports = dim_obj.size // below if dim_obj.size else 0
+        if n_members > 1:
+            views.append(_DimView(dim_obj, n_members, 1 if flat else inner, max(1, step // below), ports))
+            inner *= n_members
+            step *= n_members
+        below = dim_obj.size or below
+    return views
+
+
+def ring_hops(views, n, passes):
+    hops, outer_crossings, counted = [], 0, 0
+    for v in reversed(views[1:]):
+        k = n // v.inner
+        hops.append((passes * (k - outer_crossings) * v.dim.latency_s, False))
+        counted += k - outer_crossings
+        outer_crossings = k
+    hops.append((passes * max(0, n - 1 - counted) * views[0].dim.latency_s, True))
+    return tuple(hops)
 
 
 def _slowest(views, chunk_bytes, kind):
@@ -94,7 +164,7 @@ def _allowed(dim, algo):
 
 def algorithm_times(kind, msg_bytes, size, stride, cluster, flat=False):
     levels = cluster.levels
-    views = network._views(size, stride, levels, flat)
+    views = _views(size, stride, levels, flat)
     if not views:
         return {"none": 0.0}
     if flat and kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
@@ -156,8 +226,25 @@ def hop_time_s(msg_bytes, level, distance, levels, cap_Bps=math.inf):
     below = levels[level - 1].size if level > 0 else 1
     dim = levels[level]
     ports = dim.size // below if dim.size else 0
-    view = network._DimView(dim, 2, 1, max(1, distance // below), ports)
+    view = _DimView(dim, 2, 1, max(1, distance // below), ports)
     rate, plateau = view.rates(msg_bytes, "p2p")
     if plateau > cap_Bps:
         rate, plateau = rate * cap_Bps / plateau, cap_Bps
     return _Cost(msg_bytes / rate, ((dim.latency_s, level == 0),), plateau_s=msg_bytes / plateau).time()
+
+
+def p2p_time_s(msg_bytes, distance, cluster, ranks=0, local_ranks=1):
+    """network.p2p_time_s as it was up to i22n-network (the level found by next() over a generator,
+    the hop above)."""
+    if msg_bytes <= 0:
+        return 0.0
+    levels = cluster.levels
+    level = next((i for i, dim in enumerate(levels) if dim.size == 0 or distance < dim.size), None)
+    if level is None:
+        level, distance = len(levels) - 1, 1
+    dim = levels[level]
+    if level > 0:
+        cap = net_p2p_rate_GBps(dim.bandwidth / 1e9, ranks, local_ranks, msg_bytes) * 1e9
+    else:
+        cap = nvlink_p2p_rate_GBps(dim.bandwidth / 1e9, ranks if ranks <= local_ranks else 0, msg_bytes) * 1e9
+    return hop_time_s(msg_bytes, level, distance, levels, cap)

@@ -8,7 +8,9 @@ import math
 
 from hypothesis import given, settings, strategies as st
 from reference_collectives import algorithm_times as reference_times
+from reference_collectives import group_span as reference_group_span
 from reference_collectives import hop_time_s as reference_hop_time_s
+from reference_collectives import p2p_time_s as reference_p2p_time_s
 from test_network_groups import networks
 
 from comet.graph.ir import Collective
@@ -55,3 +57,26 @@ def test_hop_time_equals_the_per_call_cost(h100, net, msg, distance, cap):
     for level in range(len(levels)):
         assert network._hop_time_s(msg, level, distance, levels, cap) == reference_hop_time_s(msg, level, distance,
                                                                                              levels, cap)
+
+
+@settings(max_examples=300, deadline=None)
+@given(net=networks(), size=st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 64, 128, 1024]),
+       stride=st.sampled_from([1, 2, 3, 4, 8, 16, 64, 4032]), bounded=st.booleans())
+def test_group_span_equals_the_per_level_count(h100, net, size, stride, bounded):
+    # network._Group computes the span with its views in one pass; bounded: every level bounded, so
+    # members may be left over for the outermost one
+    if bounded:
+        net = tuple(dataclasses.replace(d, size=d.size or 64) for d in net)
+    levels = dataclasses.replace(h100, network=net).levels
+    assert network.group_span(size, stride, levels) == reference_group_span(size, stride, levels)
+
+
+@settings(max_examples=300, deadline=None)
+@given(net=networks(), msg=st.floats(0, 1e11), distance=st.sampled_from([1, 2, 3, 8, 64, 4096, 10**6]),
+       ranks=st.sampled_from([0, 2, 8, 16, 80]), local_ranks=st.sampled_from([1, 2, 4, 8]), bounded=st.booleans())
+def test_p2p_time_equals_the_per_call_cost(h100, net, msg, distance, ranks, local_ranks, bounded):
+    if bounded:     # a distance beyond every level: the outermost one, at distance 1
+        net = tuple(dataclasses.replace(d, size=d.size or 64) for d in net)
+    cluster = dataclasses.replace(h100, network=net)
+    assert network.p2p_time_s(msg, distance, cluster, ranks, local_ranks) == \
+        reference_p2p_time_s(msg, distance, cluster, ranks, local_ranks)

@@ -1,7 +1,7 @@
-"""The collective models' per-group placement table (network._group): a group's sizes timed with the
-table kept equal, bit for bit, the same sizes timed with the table emptied before every call (each
-call then builds its placement from scratch, as the model did before the table), on random networks,
-groups, kinds and sizes."""
+"""The collective models' per-group placement and plan tables (network._GROUPS, _PLANS): a group's
+sizes timed with the tables kept equal, bit for bit, the same sizes timed with the tables emptied before
+every call (each call then builds its placement from scratch, as the model did before the tables), on
+random networks, groups, kinds and sizes."""
 
 import dataclasses
 
