@@ -1,5 +1,5 @@
 """A block as one numeric table, the form the compiled cost model and packing read
-(replay/compute_costs.py, replay/block_kernel.pack_rows).
+(replay/compute_costs.py, replay/block_pack.pack_rows).
 
 One float64 array: a header (ops, GEMMs, edges), ROW_WIDTH values per op in node order (code, value,
 place, kind-group), GEMM_WIDTH per GEMM (m, n, k, batch, dtype bytes), then the edges' sources and
@@ -11,10 +11,10 @@ models, TRANSFER (collectives and sends without a measured duration) by the netw
 stream name; kind-group = kind code (position in OpKind) * 32 + group code (0: none, else 1 +
 position in GroupKind): what the packing reads. Kind-group is -1 where an op is matched across
 streams (comm_id), its kind or group is not one of those enums, or its rank is not a small int: such
-a block is packed from its ops (block_kernel.pack).
+a block is packed from its ops (block_pack.pack).
 
 perf: ~4 numbers an op (and 5 a GEMM) instead of a row of every field: numpy converts a list at
-~15-40 ns a number. The block builder (workload/layers.py) writes each op's row as it builds the op
+~15-40 ns a number. The block builder (workload/block_builder.py) writes each op's row as it builds the op
 (`TableWriter`, the same methods `op_row` uses for any Op); tests/workload/test_builder.py checks the
 builder's table equals the one derived from the ops on every block of every shipped model.
 """

@@ -14,12 +14,14 @@ from comet.graph.block import block_lists, block_table
 from comet.graph.ir import OpKind
 from comet.graph.op_table import TableWriter
 from comet.replay import block_kernel, cache, compute_costs
+from comet.replay.block_exposure import COMM_ORDER, PARTS
+from comet.replay.block_pack import pack_graph
 from comet.replay.compile import compile_graph
 from comet.replay.engine import Replay, replay, replay_graph
 from comet.replay.timing import timed_s, transfer_call, transfer_s
 
 # Exposed communication is charged to the first active category in this order.
-_COMM_ORDER = block_kernel.COMM_ORDER
+_COMM_ORDER = COMM_ORDER
 
 
 @dataclass
@@ -223,7 +225,7 @@ class _OpTable:
             writer = TableWriter.of(ops)
         lists = block_lists(g)
         self.with_edges = lists is not None
-        self.packed = None     # block_kernel's (structure, delays), set by the block's first replay
+        self.packed = None     # block_pack's (structure, delays), set by the block's first replay
         self.array = writer.array_of_edges(lists[1] if lists is not None else ()) if compute_costs.HAVE_NUMBA \
             else None
         self.n_ops = len(ops)
@@ -270,7 +272,7 @@ def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, table: "_OpTable 
         # cache holds once per content (one entry and one dispatch a block fewer than packing apart)
         fused = block_kernel.pack_and_replay(table.array, array, slowdown) if table.with_edges else None
         if fused is None:
-            packed = block_kernel.pack_graph(g)
+            packed = pack_graph(g)
         else:
             packed, summary = fused
         table.packed = packed
@@ -279,4 +281,4 @@ def _replayed(g: nx.DiGraph, sig, dur: tuple, slowdown: float, table: "_OpTable 
     done, makespan, *parts = summary.tolist()
     if done != len(dur):   # a deadlock: the Python engine names the ops that never ran
         replay(compile_graph(g), list(dur), overlap_slowdown=slowdown)
-    return BlockTiming(makespan, dict(zip(block_kernel.PARTS, parts)))
+    return BlockTiming(makespan, dict(zip(PARTS, parts)))

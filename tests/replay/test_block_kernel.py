@@ -1,4 +1,4 @@
-"""The compiled block replay (comet/replay/block_kernel.py) equals the Python event engine and its
+"""The compiled block replay (comet/replay/block_kernel.py, block_pack.py, block_exposure.py) equals the Python event engine and its
 exposure split bit for bit: on random graphs (ranks, streams, collectives matched across ranks, edge
 delays, edges against insertion order, ties, overlap slowdown, deadlocks) and on every block of every
 shipped model; and a built block packed from its lists, or from its table, equals the packing of its
@@ -20,8 +20,9 @@ from comet.graph.block import block_lists, block_table
 from comet.graph.ir import Collective, GroupKind, Op, OpKind, add_dep, add_op, new_graph
 from comet.graph.op_table import TableWriter
 from comet.replay import block_kernel, cache
-from comet.replay.block_kernel import (PARTS, pack, pack_and_replay, pack_block, pack_rows, replay_arrays,
-                                       replay_summary)
+from comet.replay.block_exposure import PARTS
+from comet.replay.block_kernel import pack_and_replay, replay_arrays, replay_summary
+from comet.replay.block_pack import pack, pack_block, pack_rows
 from comet.replay.blocks import exposure_parts, time_block
 from comet.replay.compile import compile_graph
 from comet.replay.engine import _critical_path, replay
