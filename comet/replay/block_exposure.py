@@ -24,7 +24,7 @@ COMPUTE, MEMCPY, FIRST_COMM = 0, 1, 2      # the exposure categories: kernels, c
 CATEGORY_OF_GROUP = {kind: FIRST_COMM + k for k, (_, kind) in enumerate(COMM_ORDER)}   # a comm op's, by group
 _PART_OF_COMM = np.array([PARTS.index(key) for key, _ in COMM_ORDER], dtype=np.int64)
 _OFFLOAD = PARTS.index("offload")
-_N_PARTS, _N_COMM = len(PARTS), len(COMM_ORDER)
+N_PARTS, _N_COMM = len(PARTS), len(COMM_ORDER)
 
 
 # -------------------------------------------------------------------------------- exposure split
@@ -32,7 +32,7 @@ _N_PARTS, _N_COMM = len(PARTS), len(COMM_ORDER)
 # blocks._measure returns it: disjoint, in order, touching intervals joined, empty ones dropped; that
 # form is unique, so building it by merging sorted lists gives the same floats as sorting their
 # concatenation, and lengths are summed left to right as there.
-@njit(nogil=True)
+@njit(inline="always")
 def _by_span(start, end):
     """Op indices ordered by (start, end): a bottom-up merge sort."""
     n = start.shape[0]
@@ -57,7 +57,7 @@ def _by_span(start, end):
     return a
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _add_interval(oa, ob, m, x, y) -> int:
     """Append [x, y) to the union (oa, ob, m) whose intervals start no later than x (blocks._measure)."""
     if y <= x:
@@ -71,7 +71,7 @@ def _add_interval(oa, ob, m, x, y) -> int:
     return m + 1
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _union_of(order, start, end, cat, want, oa, ob) -> int:
     """The union of the spans of the ops of category `want`."""
     m = 0
@@ -81,7 +81,7 @@ def _union_of(order, start, end, cat, want, oa, ob) -> int:
     return m
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _union(a, b, ma, c, d, mc, oa, ob) -> int:
     """The union of two unions, merged in order of start."""
     i = j = m = 0
@@ -95,7 +95,7 @@ def _union(a, b, ma, c, d, mc, oa, ob) -> int:
     return m
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _subtract(a, b, ma, ca, cb, mc, oa, ob) -> int:
     """Parts of union (a, b) not covered by union (ca, cb) (blocks._subtract)."""
     m = 0
@@ -118,7 +118,7 @@ def _subtract(a, b, ma, ca, cb, mc, oa, ob) -> int:
     return m
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _length(a, b, m) -> float:
     total = 0.0
     for j in range(m):
@@ -126,7 +126,7 @@ def _length(a, b, m) -> float:
     return total
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def exposure(start, end, cat, makespan):
     """blocks.exposure_parts on arrays: compute busy time, then communication not hidden behind
     compute (charged in COMM_ORDER), then copies hidden by neither; idle time inside the block counts
@@ -139,7 +139,7 @@ def exposure(start, end, cat, makespan):
     ma, mb = w[2 * size:3 * size], w[3 * size:4 * size]   # one category's spans
     ea, eb = w[4 * size:5 * size], w[5 * size:6 * size]   # their exposed part
     ta, tb = w[6 * size:7 * size], w[7 * size:]           # the next covered
-    parts = np.zeros(_N_PARTS)
+    parts = np.zeros(N_PARTS)
     mc = _union_of(order, start, end, cat, COMPUTE, ca, cb)
     parts[0] = _length(ca, cb, mc)
     for k in range(_N_COMM):
@@ -160,4 +160,4 @@ def exposure(start, end, cat, makespan):
 
 
 
-__all__ = ["CATEGORY_OF_GROUP", "COMM_ORDER", "COMPUTE", "FIRST_COMM", "MEMCPY", "PARTS", "exposure"]
+__all__ = ["CATEGORY_OF_GROUP", "COMM_ORDER", "COMPUTE", "FIRST_COMM", "MEMCPY", "N_PARTS", "PARTS", "exposure"]

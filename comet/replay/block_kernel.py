@@ -20,30 +20,46 @@ from __future__ import annotations
 
 import numpy as np
 
-from comet.replay.block_exposure import exposure
-from comet.replay.block_pack import FLAGS_CATEGORY_CODES, STRUCTURE_HEADER, structure_of_rows
+from comet.graph.op_table import N_OPS
+from comet.replay.block_exposure import N_PARTS, exposure
+from comet.replay.block_pack import FLAGS_CATEGORY_CODES, STRUCTURE_HEADER, structure_of_rows, table_length
 from comet.replay.kernels import HAVE_NUMBA, njit
 
 _FINISH, _READY = 0, 1
 
 
-def pack_and_replay(table: np.ndarray, dur: np.ndarray, overlap_slowdown: float) -> tuple | None:
-    """(pack_rows(table), replay_summary(*pack_rows(table), dur, overlap_slowdown)) in one compiled call:
-    a block's first replay (perf: one numba dispatch instead of two, ~1.5 us hot and more on a cold
-    call's CPU caches); None where pack_rows is None. Equal to the two calls (tests/replay/test_block_kernel.py)."""
-    structure, delay, summary = _pack_and_replay(table, FLAGS_CATEGORY_CODES, dur, overlap_slowdown)
-    if structure.shape[0] == 0:
-        return None
-    return (structure, delay), summary
+def replay_tables(tables: np.ndarray, dur: np.ndarray, overlap_slowdown: float) -> np.ndarray:
+    """replay_summary(*pack_rows(table), its ops' durations, overlap_slowdown) of each of the blocks'
+    tables laid end to end (graph/op_table.py; `dur`: their ops' durations in the same order), one row
+    a table; a row's ops done is -1 where pack_rows is None (the caller packs that block from its ops).
+    perf: one compiled call for all the blocks a graph replays for the first time (a dispatch and a
+    returned array each: ~3 us hot a block before, more on a cold call's CPU caches); the packing is
+    redone on each replay, in compiled code (~0.05 us an op), rather than kept. Equal to the two calls
+    (tests/replay/test_block_kernel.py)."""
+    return _replay_tables(tables, FLAGS_CATEGORY_CODES, dur, overlap_slowdown)
 
 
 @njit(cache=True, nogil=True)
-def _pack_and_replay(table, flags_category, dur, overlap_slowdown):
-    structure = structure_of_rows(table, flags_category)
-    if structure.shape[0] == 0:
-        return structure, np.zeros(0), np.zeros(0)
-    delay = np.zeros(structure[1])
-    return structure, delay, _summary(structure, delay, dur, overlap_slowdown)
+def _replay_tables(tables, flags_category, dur, overlap_slowdown):
+    n_tables = 0
+    pos = 0
+    while pos < tables.shape[0]:
+        n_tables += 1
+        pos += table_length(tables, pos)
+    out = np.empty((n_tables, 2 + N_PARTS))
+    pos = first = 0
+    for b in range(n_tables):
+        length = table_length(tables, pos)
+        n = int(tables[pos + N_OPS])
+        structure = structure_of_rows(tables[pos:pos + length], flags_category)
+        if structure.shape[0] == 0:
+            out[b, :] = 0.0
+            out[b, 0] = -1.0
+        else:
+            out[b, :] = _summary(structure, np.zeros(structure[1]), dur[first:first + n], overlap_slowdown)
+        pos += length
+        first += n
+    return out
 
 
 # ------------------------------------------------------------------------------------------ heaps
@@ -67,7 +83,7 @@ def _swap(h, a, b) -> None:
         h[b, c] = x
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _push(h, base, size, key, prio, seq, i, v) -> int:
     """Add a row to the heap of `size` rows at `base`; returns the new size."""
     k = base + size
@@ -85,7 +101,7 @@ def _push(h, base, size, key, prio, seq, i, v) -> int:
     return size + 1
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _pop(h, base, size) -> int:
     """Move the first row to row base + size - 1 (read it there); returns the new size."""
     last = size - 1
@@ -307,7 +323,7 @@ def _replay(structure, delay, dur, overlap_slowdown):
     return start, end, arrive, binding, done, parts, makespan
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slow, ev, size, seq):
     """Rank r's running compute ops continue at the rate its transfers in flight allow from t."""
     rate = slow if comm_active[r] != 0 else 1.0
@@ -325,7 +341,7 @@ def _retime(r, t, comm_active, head, nxt, rem, rate_of, since, ver, version, slo
     return size, seq
 
 
-@njit(nogil=True)
+@njit(inline="always")
 def _begin_transfer(members, t, dur, arrive, topo, start, binding, rank, comm_active, overlap_slowdown, head, nxt,
                     rem, rate_of, since, ver, version, slow, ev, size, seq, single):
     """Every member starts at t and ends after the longest member's duration; each rank involved
@@ -364,4 +380,4 @@ def _begin_transfer(members, t, dur, arrive, topo, start, binding, rank, comm_ac
 
 
 
-__all__ = ["HAVE_NUMBA", "pack_and_replay", "replay_arrays", "replay_summary"]
+__all__ = ["HAVE_NUMBA", "replay_arrays", "replay_summary", "replay_tables"]

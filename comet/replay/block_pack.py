@@ -97,6 +97,12 @@ def pack_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return structure, np.zeros(structure[1])
 
 
+@njit(inline="always")
+def table_length(tables, pos):
+    """The length of the table (graph/op_table.py) at `pos` of tables laid end to end."""
+    return (HEADER + int(tables[pos + N_OPS]) * ROW_WIDTH + int(tables[pos + N_GEMMS]) * GEMM_WIDTH
+            + 2 * int(tables[pos + N_EDGES]))
+
 
 @njit(inline="always")
 def _dense(seen, count, x):
@@ -178,4 +184,4 @@ FLAGS_CATEGORY_CODES = np.array([[_FLAGS_CATEGORY[kind, group] for group in GROU
 
 
 __all__ = ["FLAGS_CATEGORY_CODES", "STRUCTURE_HEADER", "pack", "pack_block", "pack_graph", "pack_rows",
-           "structure_of_rows"]
+           "structure_of_rows", "table_length"]
