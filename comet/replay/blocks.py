@@ -13,7 +13,7 @@ import numpy as np
 from comet.config.cluster import ClusterSpec
 from comet.graph.block import block_lists, block_table
 from comet.graph.ir import OpKind
-from comet.graph.op_table import TableWriter
+from comet.graph.op_table import TableWriter, tables_of
 from comet.replay import block_kernel, cache, compute_costs
 from comet.replay.block_exposure import COMM_ORDER, PARTS
 from comet.replay.block_pack import pack_graph
@@ -156,9 +156,10 @@ def _time_shared(graphs: list, context: _Context) -> list:
     joint = None          # (the signatures, their tables and durations laid end to end) where computed so
     missing = _distinct_misses(sigs, durs)
     if missing:
-        batch = [(graphs[i], sigs[i], _table(graphs[i], sigs[i])) for i in missing]
+        made, joined = _tables([(graphs[i], sigs[i]) for i in missing])
+        batch = [(graphs[i], sigs[i], table) for i, table in zip(missing, made)]
         computed = {}
-        new, arrays = _durations(batch, context)
+        new, arrays = _durations(batch, context, joined)
         for (_, sig, table), dur in zip(batch, new):
             cache.durations.add((sig, timing, precision), dur)
             computed[sig] = dur
@@ -192,17 +193,35 @@ def _distinct_misses(sigs: list, values: list) -> list:
 
 def _table(g, sig) -> "_OpTable":
     """The block's _OpTable, cached once per content."""
-    key = (sig, "table")
-    table = cache.compiled.get(key)
-    if table is None:
-        table = _OpTable(g, sig.ops)
-        cache.compiled.add(key, table)
-    return table
+    return _tables([(g, sig)])[0][0]
 
 
-def _durations(batch: list, context: _Context) -> tuple:
+def _tables(blocks: list) -> tuple[list, np.ndarray | None]:
+    """The _OpTable of each (block, signature), cached once per content, and their arrays laid end to end
+    where every one was made here (they are views of it: graph/op_table.tables_of converts the new ones
+    in one call)."""
+    tables, new = [], []
+    for g, sig in blocks:
+        key = (sig, "table")
+        table = cache.compiled.get(key)
+        if table is None:
+            table = _OpTable(g, sig.ops)
+            cache.compiled.add(key, table)
+            new.append(table)
+        tables.append(table)
+    if not new or not compute_costs.HAVE_NUMBA:
+        return tables, None
+    joined, starts = tables_of([table.source for table in new])
+    ends = starts[1:] + [len(joined)]
+    for table, start, end in zip(new, starts, ends):
+        table.array = joined[start:end]
+        table.source = None
+    return tables, joined if len(new) == len(tables) else None
+
+
+def _durations(batch: list, context: _Context, joined: np.ndarray | None = None) -> tuple:
     """Every op's duration in node order (a cache.Signature of the tuple) of each (block, signature,
-    _OpTable) of `batch`; and, where the compiled model timed every block of the batch in one call,
+    _OpTable) of `batch` (`joined`: their tables' arrays laid end to end, where at hand); and, where the compiled model timed every block of the batch in one call,
     (their tables, their durations) as arrays laid end to end, which the replay reads. Kernel and copy
     times read only the GPU side of the cluster: clusters that differ in the network share them (kept
     with the block's table; NaN there where an op is a transfer timed by the network-keyed cache,
@@ -212,7 +231,7 @@ def _durations(batch: list, context: _Context) -> tuple:
     todo = [k for k, times in enumerate(local) if times is None]
     arrays = None
     if todo:
-        computed, arrays = _on_gpu([batch[k] for k in todo], context)
+        computed, arrays = _on_gpu([batch[k] for k in todo], context, joined if len(todo) == len(batch) else None)
         for k, times in zip(todo, computed):
             local[k] = times
             batch[k][2].keep_gpu_times(key, times)
@@ -235,7 +254,7 @@ def _durations(batch: list, context: _Context) -> tuple:
     return out, arrays
 
 
-def _on_gpu(batch: list, context: _Context) -> tuple:
+def _on_gpu(batch: list, context: _Context, joined: np.ndarray | None = None) -> tuple:
     """The durations (a tuple each) of the ops the GPU side of the cluster times, NaN for the network's
     transfers, of each (block, signature, _OpTable) of `batch`: the compute kernels in one compiled call
     for all the tables (replay/compute_costs.py, equal bit for bit to hardware/compute.py), the rest
@@ -246,7 +265,8 @@ def _on_gpu(batch: list, context: _Context) -> tuple:
     if any(table.array is None for table in tables):    # without numba
         lefts, arrays = [(table.on_gpu(), [math.nan] * table.n_ops) for table in tables], None
     else:
-        joined = _joined([table.array for table in tables])
+        if joined is None:
+            joined = _joined([table.array for table in tables])
         out = compute_costs.kernel_times(joined, context.constants())
         times = out.tolist()
         # perf: the rows the compiled model leaves out are known per block (none in a GPT layer); a
@@ -285,7 +305,7 @@ class _OpTable:
     cost-model call (timing.transfer_call), and, for a block the compiled replay cannot pack from its
     table, the packed structure once replayed. `with_edges`: built from a Block's lists, so the table
     holds the edges the packing reads (a materialized graph of the same content has the same signature)."""
-    __slots__ = ("array", "transfers", "left_out", "n_ops", "with_edges", "packed", "gpu_times")
+    __slots__ = ("array", "source", "transfers", "left_out", "n_ops", "with_edges", "packed", "gpu_times")
 
     def __init__(self, g, ops: list):
         writer = block_table(g)
@@ -295,8 +315,8 @@ class _OpTable:
         self.with_edges = lists is not None
         self.packed = None     # block_pack's (structure, delays), where the table cannot be replayed
         self.gpu_times: dict = {}   # (cache.compute_key, precision) -> the ops' durations on the GPU side
-        self.array = writer.array_of_edges(lists[1] if lists is not None else ()) if compute_costs.HAVE_NUMBA \
-            else None
+        # the array: converted by _tables, with the other new blocks' (None without numba)
+        self.array, self.source = None, (writer, lists[1] if lists is not None else ())
         self.n_ops = len(ops)
         self.left_out = writer.left_out      # timed by timed_s (the writer is not written to again)
         # perf: the writer noted its transfers' node ids: no pass over every op (~4 us a GPT layer)
