@@ -154,9 +154,10 @@ def _time_shared(graphs: list, context: _Context) -> list:
     durs = [cache.durations.get((sig, timing, precision)) for sig in sigs]
     tables: dict = {}     # signature -> its _OpTable, where this call needed it
     joint = None          # (the signatures, their tables and durations laid end to end) where computed so
+    fresh: set = set()    # the signatures whose table was made here: not replayed before (perf: no look-up)
     missing = _distinct_misses(sigs, durs)
     if missing:
-        made, joined = _tables([(graphs[i], sigs[i]) for i in missing])
+        made, joined, fresh = _tables([(graphs[i], sigs[i]) for i in missing])
         batch = [(graphs[i], sigs[i], table) for i, table in zip(missing, made)]
         computed = {}
         new, arrays = _durations(batch, context, joined)
@@ -167,7 +168,7 @@ def _time_shared(graphs: list, context: _Context) -> list:
         durs = [computed[sig] if dur is None else dur for sig, dur in zip(sigs, durs)]
         if arrays is not None:
             joint = ([sig for _, sig, _ in batch], *arrays)
-    timings = [cache.replays.get((sig, dur, slowdown)) for sig, dur in zip(sigs, durs)]
+    timings = [None if id(sig) in fresh else cache.replays.get((sig, dur, slowdown)) for sig, dur in zip(sigs, durs)]
     missing = _distinct_misses(sigs, timings)
     if missing:
         batch = [(graphs[i], sigs[i], durs[i], tables.get(sigs[i]) or _table(graphs[i], sigs[i])) for i in missing]
@@ -196,11 +197,11 @@ def _table(g, sig) -> "_OpTable":
     return _tables([(g, sig)])[0][0]
 
 
-def _tables(blocks: list) -> tuple[list, np.ndarray | None]:
-    """The _OpTable of each (block, signature), cached once per content, and their arrays laid end to end
+def _tables(blocks: list) -> tuple[list, np.ndarray | None, set]:
+    """The _OpTable of each (block, signature), cached once per content; their arrays laid end to end
     where every one was made here (they are views of it: graph/op_table.tables_of converts the new ones
-    in one call)."""
-    tables, new = [], []
+    in one call); the ids of the signatures whose table was made here."""
+    tables, new, fresh = [], [], set()
     for g, sig in blocks:
         key = (sig, "table")
         table = cache.compiled.get(key)
@@ -208,15 +209,16 @@ def _tables(blocks: list) -> tuple[list, np.ndarray | None]:
             table = _OpTable(g, sig.ops)
             cache.compiled.add(key, table)
             new.append(table)
+            fresh.add(id(sig))
         tables.append(table)
     if not new or not compute_costs.HAVE_NUMBA:
-        return tables, None
+        return tables, None, fresh
     joined, starts = tables_of([table.source for table in new])
     ends = starts[1:] + [len(joined)]
     for table, start, end in zip(new, starts, ends):
         table.array = joined[start:end]
         table.source = None
-    return tables, joined if len(new) == len(tables) else None
+    return tables, joined if len(new) == len(tables) else None, fresh
 
 
 def _durations(batch: list, context: _Context, joined: np.ndarray | None = None) -> tuple:
@@ -323,7 +325,10 @@ class _OpTable:
         same: dict = {}
         for i in writer.transfers:    # (a collective, send or recv without a measured duration)
             head, cost = transfer_call(ops[i])
-            same.setdefault(head, (head, cost, []))[2].append(i)
+            entry = same.get(head)
+            if entry is None:
+                entry = same[head] = (head, cost, [])
+            entry[2].append(i)
         self.transfers = tuple(same.values())
 
     def keep_gpu_times(self, key: tuple, times: tuple) -> None:
