@@ -7,10 +7,11 @@ of every shipped model): events ordered by (time, priority, sequence), one op at
 stream) taken in topological order, collectives starting when their last member arrives, compute
 re-timed while a transfer is in flight on its rank.
 
-A graph is packed once per block content (block_pack.py): one int64 array holding every structure the
-loop reads, one float array of edge delays; a replay then passes three arrays and a float to the
-compiled code (numba unboxes each argument on every call: few arguments, little overhead). The
-exposure split of each replay is block_exposure.py's.
+A block is packed into arrays (block_pack.py): one int64 array holding every structure the loop reads,
+one float array of edge delays. `replay_tables` packs and replays the blocks built with their op tables,
+several in one call; `replay_summary` replays a block packed from its ops (packed once per content, the
+structure kept by the caller). The exposure split of each replay is block_exposure.py's. The helpers
+are inlined (`inline="always"`): called as functions, numba counts references on every array argument.
 
 numba's on-disk cache keys an entry point on its own file: the entry points here compile in the
 helpers of block_pack.py and block_exposure.py, so after editing those, touch this file.
