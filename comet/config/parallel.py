@@ -117,7 +117,7 @@ class ParallelConfig:
     attention_kernel: str = "fused"
     # Q, K, V gathered into flash-attn's packed (varlen) layout and the output scattered back, in every
     # layer (flash_attn.bert_padding unpad_input / pad_input, as llm-foundry's flash_attn_fn calls them):
-    # memory-bound copies around the attention kernel (comet/workload/layers.py unpad_copies)
+    # memory-bound copies around the attention kernel (comet/workload/layer_parts.py unpad_copies)
     attention_unpad: bool = False
     offload: tuple[OffloadTarget, ...] = ()
     # Mixture of experts (comet/config/moe.py; Megatron-Core names in brackets)

@@ -1,5 +1,5 @@
 """A block as one numeric table, the form the compiled cost model and packing read
-(replay/compute_costs.py, replay/block_kernel.pack_rows).
+(replay/compute_costs.py, replay/block_pack.pack_rows).
 
 One float64 array: a header (ops, GEMMs, edges), ROW_WIDTH values per op in node order (code, value,
 place, kind-group), GEMM_WIDTH per GEMM (m, n, k, batch, dtype bytes), then the edges' sources and
@@ -11,10 +11,10 @@ models, TRANSFER (collectives and sends without a measured duration) by the netw
 stream name; kind-group = kind code (position in OpKind) * 32 + group code (0: none, else 1 +
 position in GroupKind): what the packing reads. Kind-group is -1 where an op is matched across
 streams (comm_id), its kind or group is not one of those enums, or its rank is not a small int: such
-a block is packed from its ops (block_kernel.pack).
+a block is packed from its ops (block_pack.pack).
 
 perf: ~4 numbers an op (and 5 a GEMM) instead of a row of every field: numpy converts a list at
-~15-40 ns a number. The block builder (workload/layers.py) writes each op's row as it builds the op
+~15-40 ns a number. The block builder (workload/block_builder.py) writes each op's row as it builds the op
 (`TableWriter`, the same methods `op_row` uses for any Op); tests/workload/test_builder.py checks the
 builder's table equals the one derived from the ops on every block of every shipped model.
 """
@@ -152,15 +152,34 @@ class TableWriter:
 
     def array_of_edges(self, edges: list) -> np.ndarray:
         """The table, with a Block's edges ((source, target, dependency) in edge order)."""
-        # perf: the sources and targets read while converting, no list of each (~2 us a GPT layer)
-        return self._array(len(edges), map(_SOURCE, edges), map(_TARGET, edges))
+        return tables_of([(self, edges)])[0]
+
+    def _pieces(self, n_edges: int, sources, targets) -> tuple:
+        rows, gemms = self.rows, self.gemms
+        return (len(rows) // ROW_WIDTH, len(gemms) // GEMM_WIDTH, n_edges), rows, gemms, sources, targets
 
     def _array(self, n_edges: int, sources, targets) -> np.ndarray:
-        rows, gemms = self.rows, self.gemms
-        # perf: np.fromiter over the pieces converts the Python ints ~2x faster than np.array of one list
-        # (~7 vs ~14 us for a GPT layer's ~330 numbers), the same float(x) each (tests/graph/test_op_table.py)
-        return np.fromiter(chain((len(rows) // ROW_WIDTH, len(gemms) // GEMM_WIDTH, n_edges), rows, gemms, sources,
-                                 targets), dtype=np.float64, count=HEADER + len(rows) + len(gemms) + 2 * n_edges)
+        return _converted([self._pieces(n_edges, sources, targets)], HEADER + len(self.rows) + len(self.gemms)
+                          + 2 * n_edges)
+
+
+def tables_of(blocks: list) -> tuple[np.ndarray, list]:
+    """The tables of several blocks ((writer, a Block's edges as (source, target, dependency)) each) laid
+    end to end in one array (each table's header gives its length), and where each one starts.
+    perf: one conversion for the blocks a graph sees for the first time (~0.7 us a conversion besides
+    its numbers); the sources and targets read while converting, no list of each (~2 us a GPT layer)."""
+    pieces, starts, total = [], [], 0
+    for writer, edges in blocks:
+        starts.append(total)
+        total += HEADER + len(writer.rows) + len(writer.gemms) + 2 * len(edges)
+        pieces.append(writer._pieces(len(edges), map(_SOURCE, edges), map(_TARGET, edges)))
+    return _converted(pieces, total), starts
+
+
+def _converted(pieces: list, count: int) -> np.ndarray:
+    # perf: np.fromiter over the pieces converts the Python ints ~2x faster than np.array of one list
+    # (~7 vs ~14 us for a GPT layer's ~330 numbers), the same float(x) each (tests/graph/test_op_table.py)
+    return np.fromiter(chain.from_iterable(chain.from_iterable(pieces)), dtype=np.float64, count=count)
 
 
 _SOURCE, _TARGET = itemgetter(0), itemgetter(1)

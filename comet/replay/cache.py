@@ -42,8 +42,8 @@ enabled = True                      # False: every value computed afresh (see di
 
 durations = LRU(_BLOCK_ENTRIES)     # (signature, cluster key, precision) -> tuple of op durations
 replays = LRU(_BLOCK_ENTRIES)       # (signature, durations, slowdown) -> (duration, parts)
-# signature -> CompiledGraph; (signature, "table") -> the block's op table and, once replayed, its packed structure
-# (replay/blocks.py): structure only, no durations, a few KB an entry
+# signature -> CompiledGraph; (signature, "table") -> the block's op table (replay/blocks.py: its structure and the
+# GPU-side durations of a few compute models, a few KB an entry)
 compiled = LRU(512)
 graphs = LRU(_GRAPH_ENTRIES)        # (base key, model, parallel, cluster key | None) -> StepGraph
 blocks = LRU(_BLOCK_SETS)          # (model, block_config(parallel)) -> builder blocks

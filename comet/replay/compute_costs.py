@@ -21,8 +21,8 @@ import numpy as np
 
 from comet.config.cluster import ClusterSpec
 from comet.errors import ConfigError
-from comet.graph.op_table import (ATTENTION, BACKWARD, CODE, FA2, GEMM, GEMM_WIDTH, HEADER, MEMORY, N_OPS, ROW_WIDTH,
-                                  VALUE)
+from comet.graph.op_table import (ATTENTION, BACKWARD, CODE, FA2, GEMM, GEMM_WIDTH, HEADER, MEMORY, N_EDGES, N_GEMMS,
+                                  N_OPS, ROW_WIDTH, VALUE)
 from comet.hardware.compute import MAX_SPLIT_K, SPLIT_K_MIN_SLICE
 from comet.replay.kernels import HAVE_NUMBA, njit
 
@@ -127,39 +127,53 @@ def _gemm(m, n, k, batch, dtype_bytes, fp8, c):
 
 
 @njit(cache=True, nogil=True)
-def kernel_times(table: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Seconds of each op of a block's table (graph/op_table.py) on the constants `c`, NaN where the
-    Python model times it, then the number of GEMM, attention and memory ops left NaN (a size or a
-    constant out of reach)."""
-    n = int(table[N_OPS])
-    gemms = HEADER + n * ROW_WIDTH
-    out = np.full(n + 1, np.nan)
+def kernel_times(tables: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Seconds of each op of one or more blocks' tables laid end to end (graph/op_table.py; each table's
+    header gives its length) on the constants `c`, in order, NaN where the Python model times an op;
+    then the number of GEMM, attention and memory ops left NaN (a size or a constant out of reach).
+    perf: one call for all the blocks a graph sees for the first time (a dispatch and a returned array
+    each: ~1.5 us hot, more on a cold call's CPU caches)."""
+    total = 0
+    pos = 0
+    while pos < tables.shape[0]:
+        n = int(tables[pos + N_OPS])
+        total += n
+        pos += HEADER + n * ROW_WIDTH + int(tables[pos + N_GEMMS]) * GEMM_WIDTH + 2 * int(tables[pos + N_EDGES])
+    out = np.full(total + 1, np.nan)
     run_fp8 = c[_RUN_FP8] != 0.0
     missed = 0
-    for i in range(n):
-        row = HEADER + i * ROW_WIDTH
-        code = table[row + CODE]
-        value = table[row + VALUE]
-        if code == GEMM:
-            g = gemms + int(value) * GEMM_WIDTH
-            m, nn, k, batch, dtype = table[g], table[g + 1], table[g + 2], table[g + 3], table[g + 4]
-            if m < _LIMIT and nn < _LIMIT and k < _LIMIT and batch < _LIMIT:   # exact in the float table
-                dtype_bytes = int(dtype)
-                out[i] = _gemm(int(m), int(nn), int(k), int(batch), dtype_bytes, run_fp8 and dtype_bytes < 2, c)
-        elif ATTENTION <= code <= ATTENTION + BACKWARD + FA2:
-            flags = int(code) - ATTENTION
-            if flags & FA2 and c[_ATT_FA2] > 0:
-                pe = c[_ATT_FA2]
+    pos = 0
+    first = 0      # the first op of this table in `out`
+    while pos < tables.shape[0]:
+        n = int(tables[pos + N_OPS])
+        gemms = pos + HEADER + n * ROW_WIDTH
+        for j in range(n):
+            i = first + j
+            row = pos + HEADER + j * ROW_WIDTH
+            code = tables[row + CODE]
+            value = tables[row + VALUE]
+            if code == GEMM:
+                g = gemms + int(value) * GEMM_WIDTH
+                m, nn, k, batch, dtype = tables[g], tables[g + 1], tables[g + 2], tables[g + 3], tables[g + 4]
+                if m < _LIMIT and nn < _LIMIT and k < _LIMIT and batch < _LIMIT:   # exact in the float table
+                    dtype_bytes = int(dtype)
+                    out[i] = _gemm(int(m), int(nn), int(k), int(batch), dtype_bytes, run_fp8 and dtype_bytes < 2, c)
+            elif ATTENTION <= code <= ATTENTION + BACKWARD + FA2:
+                flags = int(code) - ATTENTION
+                if flags & FA2 and c[_ATT_FA2] > 0:
+                    pe = c[_ATT_FA2]
+                else:
+                    pe = c[_ATT_BWD] if flags & BACKWARD else c[_ATT_FWD]
+                out[i] = value / pe + c[_OVERHEAD]
+            elif code == MEMORY:
+                out[i] = value / c[_HBM] + c[_OVERHEAD]
             else:
-                pe = c[_ATT_BWD] if flags & BACKWARD else c[_ATT_FWD]
-            out[i] = value / pe + c[_OVERHEAD]
-        elif code == MEMORY:
-            out[i] = value / c[_HBM] + c[_OVERHEAD]
-        else:
-            continue
-        if np.isnan(out[i]):
-            missed += 1
-    out[n] = missed
+                continue
+            if np.isnan(out[i]):
+                missed += 1
+        first += n
+        pos = gemms + int(tables[pos + N_GEMMS]) * GEMM_WIDTH + 2 * int(tables[pos + N_EDGES])
+    out[total] = missed
     return out
 
 

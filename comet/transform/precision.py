@@ -42,7 +42,7 @@ def with_precision(graph, precision: str | Precision, *, cluster: ClusterSpec | 
         if op.kernel is not KernelClass.GEMM:
             return op
         batch = op.shape[3] if len(op.shape) > 3 else 1
-        dtype = 1 if fp8 and batch == 1 else 2        # as comet/workload/layers.py BlockBuilder.gemm
+        dtype = 1 if fp8 and batch == 1 else 2        # as comet/workload/block_builder.py BlockBuilder.gemm
         return op if dtype == op.dtype_bytes else op.with_(dtype_bytes=dtype)
 
     n = REFERENCE_GEMM

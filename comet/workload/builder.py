@@ -11,7 +11,7 @@ from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute
 from comet.graph.ir import (COMPUTE_STREAM, DP_STREAM, OFFLOAD_STREAM, BucketSet, Collective, GroupKind, KernelClass,
                             Op, OpKind, Phase, PipelinePlan, StageSync, StepGraph)
 from comet.workload import layers, moe
-from comet.workload.layers import ACT_BYTES, group_geometry
+from comet.workload.block_builder import ACT_BYTES, group_geometry
 from comet.workload.memory import stage_params
 
 ADAM_STEP_BYTES = 34       # fused Adam per parameter: read grad, master, m, v (16 B), write master, m, v

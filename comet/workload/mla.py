@@ -11,7 +11,8 @@ attends with query/key head dim nope+rope and value head dim v.
 from __future__ import annotations
 
 from comet.hardware.compute import FLASH_BWD_FLOP_RATIO
-from comet.workload.layers import ACT_BYTES, BlockBuilder, Deps, Dims, col_backward, row_backward, tp_in, tp_out
+from comet.workload.block_builder import ACT_BYTES, BlockBuilder, Deps, Dims
+from comet.workload.layer_parts import col_backward, row_backward, tp_in, tp_out
 
 
 def _sizes(bb: BlockBuilder, D: Dims) -> tuple[int, int, int, int, int]:

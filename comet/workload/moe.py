@@ -34,8 +34,8 @@ from comet.config.model import ModelSpec
 from comet.config.moe import Dispatcher
 from comet.config.parallel import ParallelConfig, Precision
 from comet.graph.ir import Collective, GroupKind, KernelClass, Op, OpKind
-from comet.workload import layers
-from comet.workload.layers import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims
+from comet.workload import layer_parts, layers
+from comet.workload.block_builder import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims
 
 FP8_SAVED_BYTES = 1        # FP8 GEMM inputs saved for backward (Transformer Engine)
 ROUTER_LOGIT_BYTES = 4      # router logits / probabilities kept in fp32 (Megatron-Core router: float32 softmax)
@@ -208,7 +208,7 @@ def moe_mlp_forward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     x = [bb.memory("moe.unpermute", n * D.h * ACT_BYTES * (1 + moe.experts_per_token), x)]
     if moe.shared_ffn_hidden:
         # Shared experts run on the layer input; overlapped with dispatch only when the framework does it.
-        shared = layers.dense_mlp_forward(bb, _shared_dims(model, par), start if par.moe_overlap_a2a else x,
+        shared = layer_parts.dense_mlp_forward(bb, _shared_dims(model, par), start if par.moe_overlap_a2a else x,
                                           name="shared_expert.")
         x = x + shared
     return x
@@ -241,7 +241,7 @@ def moe_mlp_backward(bb: BlockBuilder, D: Dims, x: Deps) -> Deps:
     rw = bb.gemm("router.wgrad", moe.num_experts, D.h, n, [rd])
     out = [rd, rw, w1, w2]
     if moe.shared_ffn_hidden:
-        out += layers.dense_mlp_backward(bb, _shared_dims(model, par), start if par.moe_overlap_a2a else out,
+        out += layer_parts.dense_mlp_backward(bb, _shared_dims(model, par), start if par.moe_overlap_a2a else out,
                                          name="shared_expert.")
     return out
 

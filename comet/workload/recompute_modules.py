@@ -25,7 +25,8 @@ from __future__ import annotations
 from comet.config.model import ModelSpec
 from comet.config.parallel import ParallelConfig, Precision, Recompute, RecomputeModule, SelectivePolicy
 from comet.workload import mla
-from comet.workload.layers import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims, norm
+from comet.workload.block_builder import ACT_BYTES, FP8_BYTES, BlockBuilder, Deps, Dims
+from comet.workload.layer_parts import norm
 from comet.workload.moe import FP8_SAVED_BYTES, expert_dims, routed_tokens
 
 

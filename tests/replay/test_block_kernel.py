@@ -1,4 +1,4 @@
-"""The compiled block replay (comet/replay/block_kernel.py) equals the Python event engine and its
+"""The compiled block replay (comet/replay/block_kernel.py, block_pack.py, block_exposure.py) equals the Python event engine and its
 exposure split bit for bit: on random graphs (ranks, streams, collectives matched across ranks, edge
 delays, edges against insertion order, ties, overlap slowdown, deadlocks) and on every block of every
 shipped model; and a built block packed from its lists, or from its table, equals the packing of its
@@ -20,8 +20,9 @@ from comet.graph.block import block_lists, block_table
 from comet.graph.ir import Collective, GroupKind, Op, OpKind, add_dep, add_op, new_graph
 from comet.graph.op_table import TableWriter
 from comet.replay import block_kernel, cache
-from comet.replay.block_kernel import (PARTS, pack, pack_and_replay, pack_block, pack_rows, replay_arrays,
-                                       replay_summary)
+from comet.replay.block_exposure import PARTS
+from comet.replay.block_kernel import replay_arrays, replay_summary, replay_tables
+from comet.replay.block_pack import pack, pack_block, pack_rows
 from comet.replay.blocks import exposure_parts, time_block
 from comet.replay.compile import compile_graph
 from comet.replay.engine import _critical_path, replay
@@ -102,6 +103,7 @@ def test_kernel_equals_python_engine_on_every_shipped_model(name, h100):
     layouts = list(_layouts(model))
     assert layouts
     for par in layouts:
+        tables, durs, summaries = [], [], {}
         for key, g in build_blocks(model, par).items():
             cg = compile_graph(g)
             ops, edges = block_lists(g)
@@ -112,12 +114,15 @@ def test_kernel_equals_python_engine_on_every_shipped_model(name, h100):
                 table = writer.array([u for u, _, _ in edges], [v for _, v, _ in edges])
                 assert [a.tolist() for a in pack_rows(table)] == [a.tolist() for a in packed], key
             dur = [timed_s(op, h100, par.precision.value) for op in cg.ops]
+            tables.append(table)
+            durs += dur
             for slowdown in (0.0, h100.efficiency.overlap_slowdown, 0.5):
                 assert_same_replay(cg, dur, slowdown)
-                # a block's first replay: packing and replay in one call, equal to the two apart
-                (structure, delay), summary = pack_and_replay(table, np.array(dur, dtype=float), slowdown)
-                assert [structure.tolist(), delay.tolist()] == [a.tolist() for a in packed], key
-                assert summary.tolist() == replay_summary(*packed, np.array(dur, dtype=float), slowdown).tolist()
+                summaries.setdefault(slowdown, []).append(
+                    replay_summary(*packed, np.array(dur, dtype=float), slowdown).tolist())
+        # the blocks' first replay: packed from their tables and replayed in one call, equal to each apart
+        for slowdown, expected in summaries.items():
+            assert replay_tables(np.concatenate(tables), np.array(durs, dtype=float), slowdown).tolist() == expected
 
 
 def test_time_block_is_the_same_with_and_without_numba(monkeypatch, h100, tiny_model):
@@ -146,4 +151,10 @@ def test_a_deadlocked_block_raises_on_the_compiled_path(h100):
 def test_a_table_with_ops_matched_across_streams_is_packed_from_its_ops():
     ops = [Op("a", OpKind.COLLECTIVE, stream="comm", comm_id="a"), Op("b", OpKind.COMPUTE)]
     assert pack_rows(TableWriter.of(ops).array([0], [1])) is None
-    assert pack_and_replay(TableWriter.of(ops).array([0], [1]), np.array([1.0, 2.0]), 0.0) is None
+    # in a batch, that table's row says so (ops done -1) and the others are replayed
+    plain = [Op("x", OpKind.COMPUTE), Op("y", OpKind.COMPUTE)]
+    tables = [TableWriter.of(o).array([0], [1]) for o in (plain, ops, plain)]
+    rows = replay_tables(np.concatenate(tables), np.array([1.0, 2.0, 1.0, 2.0, 3.0, 4.0]), 0.0).tolist()
+    assert rows[1][0] == -1
+    assert rows[0] == replay_summary(*pack_rows(tables[0]), np.array([1.0, 2.0]), 0.0).tolist()
+    assert rows[2] == replay_summary(*pack_rows(tables[2]), np.array([3.0, 4.0]), 0.0).tolist()

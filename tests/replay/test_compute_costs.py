@@ -10,6 +10,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -139,10 +140,8 @@ def test_every_op_of_every_shipped_model(name):
                 compiled_ops += sum(not math.isnan(t) for t in times)
                 cache.clear()
                 sig = cache.block_signature(g)
-                every, array = blocks._durations(blocks._table(g, sig), sig, blocks._Context(cluster, precision))
-                expected = [timed_s(op, cluster, precision) for op in ops]
-                assert list(every) == expected, key
-                assert array.tolist() == expected, key
+                every = blocks._durations([(g, sig, blocks._table(g, sig))], blocks._Context(cluster, precision))[0][0].value
+                assert list(every) == [timed_s(op, cluster, precision) for op in ops], key
     assert compiled_ops > 0
     cache.clear()
 
@@ -156,7 +155,7 @@ def test_durations_with_and_without_numba_agree(monkeypatch, h100, tiny_model):
         got = {}
         for k, g in build_blocks(tiny_model, par).items():
             sig = cache.block_signature(g)
-            got[k] = blocks._durations(blocks._table(g, sig), sig, blocks._Context(h100, "bf16"))[0]
+            got[k] = blocks._durations([(g, sig, blocks._table(g, sig))], blocks._Context(h100, "bf16"))[0][0].value
         assert expected.setdefault("durations", got) == got
     cache.clear()
 
@@ -170,3 +169,29 @@ def test_table_array_layout():
     assert table[-2:].tolist() == [0, 1]              # the edge
     gemm = [Op("g", OpKind.COMPUTE, kernel=KernelClass.GEMM, shape=(2, 3, 4, 5))]
     assert compiled(gemm, CLUSTERS[0], "bf16")[:1] == [compute_op_time_s(gemm[0], CLUSTERS[0], "bf16")]
+
+
+@pytest.mark.parametrize("name", ["gpt3_1t", "llama3_8b", "deepseek_v3"])
+def test_blocks_timed_together_equal_each_apart(name):
+    """kernel_times over several blocks' tables laid end to end, and blocks._durations over several
+    blocks, equal each block timed alone (the cold call times a graph's new blocks together)."""
+    model = load_model(name)
+    for par in list(_layouts(model))[:6]:
+        graphs = [g for g in build_blocks(model, par).values() if len(g)]
+        tables = [block_table(g).array_of_edges(block_lists(g)[1]) for g in graphs]
+        for cluster in CLUSTERS[:2]:
+            precision = par.precision.value
+            if precision not in cluster.gpu.peak_tflops:
+                continue
+            c = compute_costs.constants(cluster, precision)
+            apart = [compute_costs.kernel_times(t, c) for t in tables]
+            together = compute_costs.kernel_times(np.concatenate(tables), c)
+            expected = np.concatenate([times[:-1] for times in apart] + [[sum(times[-1] for times in apart)]])
+            assert np.array_equal(together, expected, equal_nan=True)
+            cache.clear()
+            batch = [(g, cache.block_signature(g)) for g in graphs]
+            batch = [(g, sig, blocks._table(g, sig)) for g, sig in batch]
+            joint = [dur.value for dur in blocks._durations(batch, blocks._Context(cluster, precision))[0]]
+            cache.clear()
+            assert joint == [blocks._durations([b], blocks._Context(cluster, precision))[0][0].value for b in batch]
+    cache.clear()

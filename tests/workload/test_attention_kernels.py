@@ -9,6 +9,7 @@ from comet.graph.ir import KernelClass
 from comet.validate.frameworks import HOPPER_ATTENTION_SINCE, defaults_for, release_month
 from comet.validate.rows import derive_case
 from comet.workload import layers
+from comet.workload.block_builder import Dims
 
 
 @pytest.mark.parametrize("version, when", [
@@ -63,7 +64,7 @@ def _ops(graph, prefix):
 def test_ring_attention_merges_each_step_into_the_result(cp):
     model = load_model("llama31_8b")
     par = ParallelConfig(global_batch=8, tp=2, pp=1, cp=cp, gpus=8 * cp, micro_batch=1).resolve(model)
-    D = layers.Dims.of(model, par)
+    D = Dims.of(model, par)
     fwd, bwd = layers.layer_forward(model, par), layers.layer_backward(model, par)
     steps = [op for op in _ops(fwd, "attention[") if op.kernel is KernelClass.ATTENTION]
     merges_f, merges_b = _ops(fwd, "attention.cp_merge"), _ops(bwd, "attention.bwd.cp_merge")

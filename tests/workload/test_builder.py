@@ -179,7 +179,7 @@ def test_builder_stream_edges_equal_chain_edges_on_random_blocks(spec):
     from comet.config.model import load_model
     from comet.graph.block import block_lists
     from comet.graph.ir import Op, OpKind, Phase
-    from comet.workload.layers import BlockBuilder
+    from comet.workload.block_builder import BlockBuilder
     model = load_model("gpt3_1t")
     bb = BlockBuilder(Phase.FORWARD, ParallelConfig(tp=1, gpus=1, micro_batch=1, global_batch=1).resolve(model),
                       model)

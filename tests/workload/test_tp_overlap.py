@@ -8,6 +8,7 @@ import pytest
 from comet.config.parallel import ParallelConfig, Precision
 from comet.graph.ir import Collective, KernelClass
 from comet.workload import layers
+from comet.workload.layer_parts import TP_RS_SPLITS
 
 T, H, TP = 128, 64, 4     # tokens per micro-batch (seq 128, mb 1), hidden, tensor parallel
 
@@ -87,6 +88,6 @@ def test_row_parallel_reduce_scatter_pipelines_in_four_chunks_whatever_the_tp(ti
         ops = _ops(layers.layer_forward(tiny, _par(tiny, tp=tp, gpus=tp)))
         rs = [op for name, (_, op) in ops.items() if name.startswith("fc2.reduce_scatter[")]
         gemms = [op for name, (_, op) in ops.items() if name.startswith("fc2[")]
-        assert len(rs) == len(gemms) == layers.TP_RS_SPLITS == 4
+        assert len(rs) == len(gemms) == TP_RS_SPLITS == 4
         assert all(op.msg_bytes == pytest.approx(T * H * 2 / 4) for op in rs)
         assert all(op.shape[0] == T // 4 for op in gemms)
