@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import is_
 
 import numpy as np
 
@@ -39,10 +40,6 @@ class StageGroups:
         self.embedding = tuple(sorted(s for rows, st in zip(rows, syncs) if st.embedding_sync is not None
                                       for s in rows.tolist()))
 
-    def per_stage(self, per_group: list) -> np.ndarray:
-        """The per-stage array of a value per group (rows: a row per group, one per stage)."""
-        return np.array(per_group, dtype=float)[self.index]
-
 
 def _stage_groups(graph: StepGraph) -> StageGroups:
     """The stage groups of a graph, in order of their first stage. A stage's role: its StageSync object,
@@ -57,7 +54,13 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
     # perf (i20s-step): a run's ends found in one comprehension over neighbours (alike is transitive:
     # alike to the previous stage is alike to the run's first), a run broken after the first stage and
     # before the last; pp 64: ~30% less
-    ends = [s for s in range(2, pp - 1) if stages[s] is not stages[s - 1] or per_stage[s] != per_stage[s - 1]]
+    # perf (i22s-step): the middle stages one run (the builder's shared middle StageSync, even layers) told
+    # by two C-level comparisons of neighbour slices, no per-stage step: the same ends
+    middle, middle_layers = stages[1:pp - 1], per_stage[1:pp - 1]
+    if all(map(is_, middle[1:], middle)) and middle_layers[1:] == middle_layers[:-1]:
+        ends = []
+    else:
+        ends = [s for s in range(2, pp - 1) if stages[s] is not stages[s - 1] or per_stage[s] != per_stage[s - 1]]
     ends = ([1] if pp > 1 else []) + ends + ([pp - 1] if pp > 2 else []) + [pp]
     group_of: dict = {}
     runs, run_group, run_length = [], [], []
@@ -99,7 +102,7 @@ def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, 
     pp, vpp, chunk_layers = plan.pp, plan.vpp, plan.chunk_layers
     # perf (i18s-step): stages of a group have the same gathers: one row per group in Python floats,
     # spread to the stages in one take each (an indexed store per group and bucket set before)
-    release_of, end_of, bucket_s = [], [], []
+    release_of, bucket_s = [], []   # per group: (each chunk's release, the gathers' end); the bucket's seconds
     for rows, s0, st in zip(groups.rows, groups.first, groups.syncs):
         release = [0.0] * vpp
         clock = 0.0
@@ -113,13 +116,16 @@ def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, 
                         events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
                                       for k in range(bs.count)]
                 clock += bs.count * d
+        release.append(clock)
         release_of.append(release)
-        end_of.append(clock)
         bucket_s.append(_collective_op_s(st.grad_buckets[0].op, t, cluster) if st.grad_buckets else 0.0)
     stages = graph.stages
     emb_s = [_collective_op_s(stages[s].embedding_sync, t, cluster) for s in groups.embedding]
-    return (groups.per_stage(release_of), groups.per_stage(end_of), np.array(bucket_s, dtype=float),
-            np.array(emb_s, dtype=float))
+    # perf (i22s-step): the releases and the gathers' ends spread to the stages in one take, as rows of one
+    # (vpp + 1, pp) table (two tables and takes before); with one chunk the releases' (pp, 1) view is
+    # contiguous, as before
+    per_stage = np.take(np.array(release_of, dtype=float).T, groups.index, axis=1)
+    return per_stage[:vpp].T, per_stage[vpp], np.array(bucket_s, dtype=float), np.array(emb_s, dtype=float)
 
 
 _COLLECTIVE, _ALL_REDUCE = OpKind.COLLECTIVE, Collective.ALL_REDUCE
