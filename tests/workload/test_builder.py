@@ -145,6 +145,37 @@ def test_every_op_the_builders_emit_is_a_checked_op():
     assert seen > 1000 and stage_ops > 100
 
 
+def _same_dataclass(got, cls) -> None:
+    """`got` is the object cls's own __init__ builds from its fields: the same type, the same instance
+    dict (every field, in field order, nothing else)."""
+    want = cls(**vars(got))
+    assert type(got) is cls and list(vars(got).items()) == list(vars(want).items()) and got == want
+    assert list(vars(got)) == list(cls.__dataclass_fields__)
+
+
+def test_step_structure_built_as_its_dataclasses_build_it():
+    """The builder sets the fields of its PipelinePlan, StageSyncs, BucketSets and StepGraph at once
+    (builder._frozen): on every shipped model and its layouts, each equals what the dataclass's own
+    __init__ builds, field dict and order included."""
+    from pathlib import Path
+    from comet.config.model import load_model
+    from comet.graph.ir import BucketSet, PipelinePlan, StageSync, StepGraph
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
+    buckets = 0
+    for name in names:
+        model = load_model(name)
+        for par in _builder_layouts(model):
+            graph = build_step_graph(model, par)
+            _same_dataclass(graph, StepGraph)
+            _same_dataclass(graph.plan, PipelinePlan)
+            for sync in graph.stages:
+                _same_dataclass(sync, StageSync)
+                for bs in sync.grad_buckets + sync.param_gathers:
+                    _same_dataclass(bs, BucketSet)
+                    buckets += 1
+    assert buckets > 50
+
+
 def _edges_by_chain_edges(ops, edges):
     """graph/block.chain_edges (the reference) from a block's ops and its data edges."""
     from comet.graph.block import chain_edges
