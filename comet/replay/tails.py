@@ -120,7 +120,13 @@ def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, 
         release_of.append(release)
         bucket_s.append(_collective_op_s(st.grad_buckets[0].op, t, cluster) if st.grad_buckets else 0.0)
     stages = graph.stages
-    emb_s = [_collective_op_s(stages[s].embedding_sync, t, cluster) for s in groups.embedding]
+    # perf (i22s-step): the first and the last stage of a built graph share one embedding op: timed once
+    emb_s, last_op, seconds = [], None, 0.0
+    for s in groups.embedding:
+        op = stages[s].embedding_sync
+        if op is not last_op:
+            last_op, seconds = op, _collective_op_s(op, t, cluster)
+        emb_s.append(seconds)
     # perf (i22s-step): the releases and the gathers' ends spread to the stages in one take, as rows of one
     # (vpp + 1, pp) table (two tables and takes before); with one chunk the releases' (pp, 1) view is
     # contiguous, as before

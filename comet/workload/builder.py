@@ -112,7 +112,23 @@ def _bucket_sets(params: float, par: ParallelConfig, group: GroupKind, dp_size: 
     return buckets, gathers
 
 
-def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> StageSync:
+def _embedding_sync(model: ModelSpec, par: ParallelConfig) -> Op | None:
+    """The tied-embedding gradient all-reduce between the first and the last stage, or None."""
+    if par.pp <= 1 or not model.tied_embeddings:
+        return None
+    size, stride, _ = group_geometry(_EMBEDDING, par)
+    return Op.unchecked("embedding.grad_all_reduce", _COLLECTIVE_OP, stream=DP_STREAM, collective=_ALL_REDUCE,
+                        msg_bytes=model.padded_vocab(par.tp) * model.hidden / par.tp * par.grad_reduce_bytes,
+                        group="embedding", group_kind=_EMBEDDING, group_size=size, group_stride=stride,
+                        phase=_BACKWARD, comm_id="embedding.grad_all_reduce")
+
+
+_UNSET = object()
+
+
+def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int, embedding_sync=_UNSET) -> StageSync:
+    """`embedding_sync`: _embedding_sync(model, par), where the caller built it (perf (i22s-step): the
+    first and the last stage share the one op object: built once, and timed once by the step's syncs)."""
     params = stage_params(model, par, stage)
     buckets, gathers = _bucket_sets(params, par, _DP, par.dp * par.cp, "dp")
     expert_params = moe.stage_expert_params(model, par, stage) if model.moe is not None else 0.0
@@ -121,12 +137,8 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int) -> Stage
         buckets += eb
         gathers += eg
     emb = None
-    if par.pp > 1 and model.tied_embeddings and stage in (0, par.pp - 1):
-        size, stride, _ = group_geometry(_EMBEDDING, par)
-        emb = Op.unchecked("embedding.grad_all_reduce", _COLLECTIVE_OP, stream=DP_STREAM, collective=_ALL_REDUCE,
-                           msg_bytes=model.padded_vocab(par.tp) * model.hidden / par.tp * par.grad_reduce_bytes,
-                           group="embedding", group_kind=_EMBEDDING, group_size=size, group_stride=stride,
-                           phase=_BACKWARD, comm_id="embedding.grad_all_reduce")
+    if stage in (0, par.pp - 1):
+        emb = _embedding_sync(model, par) if embedding_sync is _UNSET else embedding_sync
     zero = par.zero
     opt_params = params / (par.dp * par.cp if zero >= 1 else 1)
     if expert_params:   # (adding 0.0 leaves a non-negative count as it is)
@@ -145,6 +157,7 @@ def build_stages(model: ModelSpec, par: ParallelConfig) -> tuple[StageSync, ...]
     """Middle stages are identical: build first, middle and last once and share them. A MoE model's
     stages differ when dense and expert layers fall unevenly on them: stages share a StageSync only when
     they hold the same layer kinds."""
+    emb = _embedding_sync(model, par)
     if model.moe is not None:
         built: dict = {}
         out = []
@@ -152,14 +165,14 @@ def build_stages(model: ModelSpec, par: ParallelConfig) -> tuple[StageSync, ...]
             key = (tuple(model.is_moe_layer(i) for i in moe.stage_layer_indices(model, par, s)),
                    s == 0, s == par.pp - 1)
             if key not in built:
-                built[key] = build_stage_sync(model, par, s)
+                built[key] = build_stage_sync(model, par, s, emb)
             out.append(built[key])
         return tuple(out)
-    first = build_stage_sync(model, par, 0)
+    first = build_stage_sync(model, par, 0, emb)
     if par.pp == 1:
         return (first,)
-    middle = build_stage_sync(model, par, 1) if par.pp > 2 else None
-    return (first,) + (middle,) * (par.pp - 2) + (build_stage_sync(model, par, par.pp - 1),)
+    middle = build_stage_sync(model, par, 1, emb) if par.pp > 2 else None
+    return (first,) + (middle,) * (par.pp - 2) + (build_stage_sync(model, par, par.pp - 1, emb),)
 
 
 def build_step_graph(model: ModelSpec, par: ParallelConfig, blocks: dict | None = None,
