@@ -152,14 +152,9 @@ def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
             blocks = _with_ends(blocks, phase, r % 3 == 0, r // 3 % 3 == 0)
             pair.append(kinds.setdefault((blocks, strides[send]), len(kinds)))
         pair_of[r] = pair
-    # perf (i22s-step): both tables from a (role, phase) lookup table indexed by the roles in one take
-    # (two list comprehensions over the (stage, chunk)s and a nested list's conversion before: pp 64,
-    # 17.1 -> 15.7 us in a loop)
-    by_role = np.zeros((max(pair_of) + 1, 2), dtype=np.int64)
-    for r, pair in pair_of.items():
-        by_role[r] = pair
-    both = by_role[roles]
-    fwd, bwd = both[:, FWD].reshape(pp, vpp), both[:, BWD].reshape(pp, vpp)
+    # perf (i20s-step): both tables from one array (a numpy call costs ~2 us on a cold call)
+    both = np.array([[pair_of[r][FWD] for r in roles], [pair_of[r][BWD] for r in roles]], dtype=np.int64)
+    fwd, bwd = both[FWD].reshape(pp, vpp), both[BWD].reshape(pp, vpp)
     fwd.flags.writeable = bwd.flags.writeable = False
     return list(kinds), fwd, bwd
 
