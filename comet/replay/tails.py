@@ -34,11 +34,9 @@ class StageGroups:
     (perf: a table with one row per group becomes the per-stage array in one take)."""
     __slots__ = ("embedding", "first", "index", "rows", "syncs")
 
-    def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray):
+    def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray, embedding: tuple):
         self.rows, self.first, self.syncs, self.index = rows, first, syncs, index
-        # the stages with a tied-embedding sync, in increasing order
-        self.embedding = tuple(sorted(s for rows, st in zip(rows, syncs) if st.embedding_sync is not None
-                                      for s in rows.tolist()))
+        self.embedding = embedding   # the stages with a tied-embedding sync, in increasing order
 
 
 def _stage_groups(graph: StepGraph) -> StageGroups:
@@ -73,15 +71,21 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
         run_group.append(g)
         run_length.append(s - start)
         start = s
-    # perf (i20s-step): a one-run group's stages a view of one arange, the stage -> group index one
-    # array from a list (an arange per group and a repeat before: numpy calls cost ~2 us each cold)
+    # perf (i20s-step): a one-run group's stages a view of one arange (an arange per group and a repeat
+    # before: numpy calls cost ~2 us each cold). perf (i22s-step): the stage -> group index filled run by
+    # run (a few slice stores, not a list of pp numbers converted), the embedding stages read from the
+    # runs' ranges (not from each group's array through tolist)
     ar = np.arange(pp)
     rows = [ar[r[0].start:r[0].stop] if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
     first = [r[0].start for r in runs]
-    index = []
+    syncs = [stages[f] for f in first]
+    index = np.empty(pp, dtype=np.int64)
+    start = 0
     for g, n in zip(run_group, run_length):
-        index += [g] * n
-    return StageGroups(rows, first, [stages[f] for f in first], np.array(index, dtype=np.int64))
+        index[start:start + n] = g
+        start += n
+    embedding = tuple(sorted(s for r, st in zip(runs, syncs) if st.embedding_sync is not None for run in r for s in run))
+    return StageGroups(rows, first, syncs, index, embedding)
 
 
 def _stage_groups_shared(graph: StepGraph) -> StageGroups:
