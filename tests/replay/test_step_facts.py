@@ -54,32 +54,3 @@ def test_graph_facts_hold_the_keys_built_per_call(h100, data):
     assert facts.nic_key == nic_key(graph, kinds) and hash(facts.nic_key) == hash(nic_key(graph, kinds))
     assert facts.statics_key == statics_key(groups, graph.plan)
     assert facts.sync_key.value == (cache.object_key(graph.stages), graph.plan.chunk_layers)
-
-
-def _kinds_block_parts_reference(kinds, blocks) -> list:
-    """Each kind's parts summed block by block from 0.0, keys in order of first appearance."""
-    out = []
-    for keys, _ in kinds:
-        parts: dict = {}
-        for key in keys:
-            for part, v in blocks[key].parts.items():
-                parts[part] = parts.get(part, 0.0) + v
-        out.append(parts)
-    return out
-
-
-_part_values = st.floats(-1e3, 1e3, allow_nan=False) | st.just(-0.0) | st.just(0.0) | st.just(np.inf)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_kinds_block_parts_equal_the_block_by_block_sums(data):
-    from types import SimpleNamespace
-    names = [f"b{i}" for i in range(data.draw(st.integers(1, 5)))]
-    blocks = {n: SimpleNamespace(parts=data.draw(st.dictionaries(st.sampled_from("abcdef"), _part_values, max_size=6)))
-              for n in names}
-    kinds = [(tuple(data.draw(st.lists(st.sampled_from(names), max_size=6))), None)
-             for _ in range(data.draw(st.integers(1, 4)))]
-    got, want = step._kinds_block_parts(kinds, blocks), _kinds_block_parts_reference(kinds, blocks)
-    assert [list(p.items()) for p in got] == [list(p.items()) for p in want]
-    assert [np.array(list(p.values())).tobytes() for p in got] == [np.array(list(p.values())).tobytes() for p in want]
