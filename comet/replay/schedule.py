@@ -10,9 +10,10 @@ al. 2019).
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
-from comet.config.frozen import replace_fields
 from comet.replay import cache
 
 FWD, BWD = 0, 1
@@ -142,29 +143,32 @@ def _task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
     strides = (None, plan.p2p_group_stride * (pp - 1), plan.p2p_group_stride)
     kinds: dict = {}
     layers: dict = {}                # (layer key, phase) -> the layers' blocks
-    pair_of: dict = {}               # role -> (its forward's kind, its backward's)
+    kind_of = ({}, {})               # per phase: role -> its task's kind
     for r in dict.fromkeys(roles):   # in order of first appearance: kinds numbered as task by task
         s, c = divmod(roles.index(r), vpp)
-        pair = []
         for phase, send in ((FWD, r // 3 % 3), (BWD, r % 3)):
             blocks = layers.get((r // 9, phase))
             if blocks is None:
                 blocks = layers[r // 9, phase] = _layer_blocks(plan, c * pp + s, phase)
             blocks = _with_ends(blocks, phase, r % 3 == 0, r // 3 % 3 == 0)
-            pair.append(kinds.setdefault((blocks, strides[send]), len(kinds)))
-        pair_of[r] = pair
-    # perf (i20s-step): both tables from one array (a numpy call costs ~2 us on a cold call)
-    both = np.array([[pair_of[r][FWD] for r in roles], [pair_of[r][BWD] for r in roles]], dtype=np.int64)
+            kind_of[phase][r] = kinds.setdefault((blocks, strides[send]), len(kinds))
+    # perf (i20s-step): both tables from one array (a numpy call costs ~2 us on a cold call). perf
+    # (i22s-step): read from the roles through each phase's dict in C (map) into np.fromiter (two list
+    # comprehensions and a nested list's conversion before: pp 64, ~9 -> ~6.5 us in a loop)
+    n = len(roles)
+    both = np.fromiter(chain(map(kind_of[FWD].__getitem__, roles), map(kind_of[BWD].__getitem__, roles)), np.int64,
+                       2 * n).reshape(2, n)
     fwd, bwd = both[FWD].reshape(pp, vpp), both[BWD].reshape(pp, vpp)
     fwd.flags.writeable = bwd.flags.writeable = False
     return list(kinds), fwd, bwd
 
 
-_task_kinds_shared = cache.memoized(256)(_task_kinds)
-
-
 def task_kinds(plan) -> tuple[list, np.ndarray, np.ndarray]:
     """The distinct (blocks, send stride) of the pipeline's tasks, and which one every (stage, chunk)
     forward and backward runs (read-only arrays): middle stages all run the same few."""
-    # perf: which blocks a task runs does not depend on the micro-batch count or the message size
-    return _task_kinds_shared(replace_fields(plan, num_microbatches=0, p2p_bytes=0.0))
+    # perf: keyed by the plan's fields _task_kinds reads (not the micro-batch count, the message size or
+    # the schedule). perf (i22s-step): a key tuple of those fields, not a copy of the plan without the
+    # others hashed through the dataclass's __hash__ (replace_fields + lru_cache: ~1 us more per call)
+    key = ("task kinds", plan.pp, plan.vpp, plan.chunk_layers, plan.chunk_layer_kinds, plan.recompute_layers,
+           plan.p2p_group_stride)
+    return cache.facts.get_or(key, lambda: _task_kinds(plan))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import is_
 
 import numpy as np
 
@@ -33,15 +34,9 @@ class StageGroups:
     (perf: a table with one row per group becomes the per-stage array in one take)."""
     __slots__ = ("embedding", "first", "index", "rows", "syncs")
 
-    def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray):
+    def __init__(self, rows: list, first: list, syncs: list, index: np.ndarray, embedding: tuple):
         self.rows, self.first, self.syncs, self.index = rows, first, syncs, index
-        # the stages with a tied-embedding sync, in increasing order
-        self.embedding = tuple(sorted(s for rows, st in zip(rows, syncs) if st.embedding_sync is not None
-                                      for s in rows.tolist()))
-
-    def per_stage(self, per_group: list) -> np.ndarray:
-        """The per-stage array of a value per group (rows: a row per group, one per stage)."""
-        return np.array(per_group, dtype=float)[self.index]
+        self.embedding = embedding   # the stages with a tied-embedding sync, in increasing order
 
 
 def _stage_groups(graph: StepGraph) -> StageGroups:
@@ -57,7 +52,13 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
     # perf (i20s-step): a run's ends found in one comprehension over neighbours (alike is transitive:
     # alike to the previous stage is alike to the run's first), a run broken after the first stage and
     # before the last; pp 64: ~30% less
-    ends = [s for s in range(2, pp - 1) if stages[s] is not stages[s - 1] or per_stage[s] != per_stage[s - 1]]
+    # perf (i22s-step): the middle stages one run (the builder's shared middle StageSync, even layers) told
+    # by two C-level comparisons of neighbour slices, no per-stage step: the same ends
+    middle, middle_layers = stages[1:pp - 1], per_stage[1:pp - 1]
+    if all(map(is_, middle[1:], middle)) and middle_layers[1:] == middle_layers[:-1]:
+        ends = []
+    else:
+        ends = [s for s in range(2, pp - 1) if stages[s] is not stages[s - 1] or per_stage[s] != per_stage[s - 1]]
     ends = ([1] if pp > 1 else []) + ends + ([pp - 1] if pp > 2 else []) + [pp]
     group_of: dict = {}
     runs, run_group, run_length = [], [], []
@@ -70,15 +71,21 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
         run_group.append(g)
         run_length.append(s - start)
         start = s
-    # perf (i20s-step): a one-run group's stages a view of one arange, the stage -> group index one
-    # array from a list (an arange per group and a repeat before: numpy calls cost ~2 us each cold)
+    # perf (i20s-step): a one-run group's stages a view of one arange (an arange per group and a repeat
+    # before: numpy calls cost ~2 us each cold). perf (i22s-step): the stage -> group index filled run by
+    # run (a few slice stores, not a list of pp numbers converted), the embedding stages read from the
+    # runs' ranges (not from each group's array through tolist)
     ar = np.arange(pp)
     rows = [ar[r[0].start:r[0].stop] if len(r) == 1 else np.array([s for run in r for s in run]) for r in runs]
     first = [r[0].start for r in runs]
-    index = []
+    syncs = [stages[f] for f in first]
+    index = np.empty(pp, dtype=np.int64)
+    start = 0
     for g, n in zip(run_group, run_length):
-        index += [g] * n
-    return StageGroups(rows, first, [stages[f] for f in first], np.array(index, dtype=np.int64))
+        index[start:start + n] = g
+        start += n
+    embedding = tuple(sorted(s for r, st in zip(runs, syncs) if st.embedding_sync is not None for run in r for s in run))
+    return StageGroups(rows, first, syncs, index, embedding)
 
 
 def _stage_groups_shared(graph: StepGraph) -> StageGroups:
@@ -99,7 +106,7 @@ def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, 
     pp, vpp, chunk_layers = plan.pp, plan.vpp, plan.chunk_layers
     # perf (i18s-step): stages of a group have the same gathers: one row per group in Python floats,
     # spread to the stages in one take each (an indexed store per group and bucket set before)
-    release_of, end_of, bucket_s = [], [], []
+    release_of, bucket_s = [], []   # per group: (each chunk's release, the gathers' end); the bucket's seconds
     for rows, s0, st in zip(groups.rows, groups.first, groups.syncs):
         release = [0.0] * vpp
         clock = 0.0
@@ -113,13 +120,22 @@ def _sync_times(graph: StepGraph, groups: StageGroups, t, cluster: ClusterSpec, 
                         events[s] += [(f"{bs.op.name}[{k}]", clock + k * d, clock + (k + 1) * d)
                                       for k in range(bs.count)]
                 clock += bs.count * d
+        release.append(clock)
         release_of.append(release)
-        end_of.append(clock)
         bucket_s.append(_collective_op_s(st.grad_buckets[0].op, t, cluster) if st.grad_buckets else 0.0)
     stages = graph.stages
-    emb_s = [_collective_op_s(stages[s].embedding_sync, t, cluster) for s in groups.embedding]
-    return (groups.per_stage(release_of), groups.per_stage(end_of), np.array(bucket_s, dtype=float),
-            np.array(emb_s, dtype=float))
+    # perf (i22s-step): the first and the last stage of a built graph share one embedding op: timed once
+    emb_s, last_op, seconds = [], None, 0.0
+    for s in groups.embedding:
+        op = stages[s].embedding_sync
+        if op is not last_op:
+            last_op, seconds = op, _collective_op_s(op, t, cluster)
+        emb_s.append(seconds)
+    # perf (i22s-step): the releases and the gathers' ends spread to the stages in one take, as rows of one
+    # (vpp + 1, pp) table (two tables and takes before); with one chunk the releases' (pp, 1) view is
+    # contiguous, as before
+    per_stage = np.take(np.array(release_of, dtype=float).T, groups.index, axis=1)
+    return per_stage[:vpp].T, per_stage[vpp], np.array(bucket_s, dtype=float), np.array(emb_s, dtype=float)
 
 
 _COLLECTIVE, _ALL_REDUCE = OpKind.COLLECTIVE, Collective.ALL_REDUCE

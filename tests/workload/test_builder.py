@@ -145,6 +145,77 @@ def test_every_op_the_builders_emit_is_a_checked_op():
     assert seen > 1000 and stage_ops > 100
 
 
+def _same_dataclass(got, cls) -> None:
+    """`got` is the object cls's own __init__ builds from its fields: the same type, the same instance
+    dict (every field, in field order, nothing else)."""
+    want = cls(**vars(got))
+    assert type(got) is cls and list(vars(got).items()) == list(vars(want).items()) and got == want
+    assert list(vars(got)) == list(cls.__dataclass_fields__)
+
+
+def test_step_structure_built_as_its_dataclasses_build_it():
+    """The builder sets the fields of its PipelinePlan, StageSyncs, BucketSets and StepGraph at once
+    (builder._frozen): on every shipped model and its layouts, each equals what the dataclass's own
+    __init__ builds, field dict and order included."""
+    from pathlib import Path
+    from comet.config.model import load_model
+    from comet.graph.ir import BucketSet, PipelinePlan, StageSync, StepGraph
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
+    buckets = 0
+    for name in names:
+        model = load_model(name)
+        for par in _builder_layouts(model):
+            graph = build_step_graph(model, par)
+            _same_dataclass(graph, StepGraph)
+            _same_dataclass(graph.plan, PipelinePlan)
+            for sync in graph.stages:
+                _same_dataclass(sync, StageSync)
+                for bs in sync.grad_buckets + sync.param_gathers:
+                    _same_dataclass(bs, BucketSet)
+                    buckets += 1
+    assert buckets > 50
+
+
+def _op_fields(op) -> list | None:
+    return None if op is None else list(vars(op).items())
+
+
+def _sync_fields(sync) -> list:
+    """Every op field of a StageSync, in order, with its buckets' chunks and counts."""
+    return ([(bs.chunk, bs.count, bs.progressive, _op_fields(bs.op)) for bs in sync.grad_buckets + sync.param_gathers]
+            + [sync.gather_before_forward, _op_fields(sync.embedding_sync)] + [_op_fields(op) for op in sync.optimizer])
+
+
+@pytest.mark.parametrize("pp, vpp, zero, offload", [(3, 1, 1, False), (4, 2, 1, True), (8, 1, 0, False)])
+def test_each_stage_sync_equals_its_own_build(pp, vpp, zero, offload):
+    """build_stages builds later stages' ops from earlier stages' (builder._resized: one size field
+    replaced) and shares the tied-embedding op between the first and the last stage: on every shipped
+    model, each stage equals build_stage_sync of that stage alone (every op field, in order)."""
+    from pathlib import Path
+    from comet.config.model import load_model
+    from comet.config.parallel import OffloadTarget
+    from comet.errors import ConfigError
+    from comet.workload.builder import build_stage_sync, build_stages
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
+    compared = 0
+    for name in names:
+        model = load_model(name)
+        try:
+            par = ParallelConfig(tp=2, pp=pp, vpp=vpp, schedule="interleaved_1f1b" if vpp > 1 else "1f1b",
+                                 gpus=2 * pp * 4, micro_batch=1, global_batch=4 * 2 * pp,
+                                 zero=zero, ep=2 if model.moe is not None else 1,
+                                 offload=(OffloadTarget.OPTIMIZER,) if offload else ()).resolve(model)
+        except ConfigError:
+            continue
+        stages = build_stages(model, par)
+        for s in range(pp):
+            assert _sync_fields(stages[s]) == _sync_fields(build_stage_sync(model, par, s))
+            compared += 1
+        if stages[0].embedding_sync is not None:
+            assert stages[0].embedding_sync is stages[-1].embedding_sync
+    assert compared >= 3 * pp
+
+
 def _edges_by_chain_edges(ops, edges):
     """graph/block.chain_edges (the reference) from a block's ops and its data edges."""
     from comet.graph.block import chain_edges
