@@ -82,6 +82,14 @@ def _as_members(state: dict) -> dict:
     return out
 
 
+def _value_of(value) -> str:
+    """An enum-typed field's value: a member's, or the str itself where a configuration not yet resolved
+    holds one (its label names it in the error that refuses it).
+    perf (i22g-glue): a member's _value_ attribute, read in C (.value is a Python-level property of
+    enum.Enum: ~0.3 us each)"""
+    return getattr(value, "_value_", value)
+
+
 def _member(kind: type[enum.Enum], value, name: str) -> enum.Enum:
     try:
         return kind(value)
@@ -418,8 +426,8 @@ class ParallelConfig:
             parts.append(f"ep{self.ep}")
         if self.etp is not None and self.etp != self.tp:
             parts.append(f"etp{self.etp}")
-        if self.moe_dispatcher is not Dispatcher.ALLTOALL:
-            parts.append(f"{self.moe_dispatcher.value}-dispatch")
+        if self.moe_dispatcher != Dispatcher.ALLTOALL:     # != : a value given as its str compares equal
+            parts.append(f"{_value_of(self.moe_dispatcher)}-dispatch")
         if self.moe_capacity_factor is not None:
             parts.append(f"cf{self.moe_capacity_factor:g}")
         if self.moe_imbalance != 1.0:
@@ -436,12 +444,10 @@ class ParallelConfig:
             parts.append(f"{self.optimizer_dtype}-optim")
         if self.shard_grad_op:
             parts.append("shard-grad-op")
-        # perf (i22g-glue): an enum's value read as the member's _value_ attribute (.value is a Python-level
-        # property of enum.Enum: ~0.3 us each)
-        recompute = self.recompute._value_
+        recompute = _value_of(self.recompute)
         if self.recompute_modules:
-            recompute = "+".join([recompute] + [m._value_ for m in self.recompute_modules])
-        parts += [f"mb{self.micro_batch}", recompute, f"z{self.zero}", self.precision._value_]
+            recompute = "+".join([recompute] + [_value_of(m) for m in self.recompute_modules])
+        parts += [f"mb{self.micro_batch}", recompute, f"z{self.zero}", _value_of(self.precision)]
         return "-".join(parts)
 
 

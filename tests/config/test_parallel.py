@@ -72,3 +72,18 @@ def test_resolve_makes_enum_values_given_as_strings_members():
     first = evaluate(model, cluster, as_strings).step_time_s
     cache.clear()
     assert evaluate(model, cluster, as_members).step_time_s == first
+
+
+def test_an_unknown_enum_value_is_an_infeasible_result_with_its_label():
+    # evaluate() names the refused configuration by its label, built before resolve made the enum fields
+    # members: a str there (a hand-built or journal configuration) was an AttributeError, not a result
+    from comet.config.model import load_model
+    from comet.evaluate import evaluate
+    from comet.result import CandidateStatus
+
+    par = ParallelConfig(global_batch=64, tp=8, pp=4, gpus=64, recompute="selectivex", moe_dispatcher="alltoall",
+                         recompute_modules=("layernorm",), precision="bf16")
+    res = evaluate(load_model("gpt3_175b"), load_cluster("h100_dgx"), par)
+    assert res.status is CandidateStatus.INFEASIBLE
+    assert "recompute: must be one of none, selective, full, got 'selectivex'" in res.reason
+    assert res.label == "tp8-pp4-dpNone-mb1-selectivex+layernorm-z1-bf16"   # alltoall: the default, not named
