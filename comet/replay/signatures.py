@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import weakref
 
-from comet.graph.block import Block, block_lists, content as block_content, content_hash, lists_content
+from comet.graph.block import (Block, block_lists, block_table, content as block_content, content_hash,
+                               lists_content)
 from comet.replay.lru import LRU
 
 _interned = LRU(4096)               # Signature -> its canonical instance (cleared by cache.clear())
@@ -60,8 +61,9 @@ class BlockSignature(Signature):
     ops in node order at hand (`ops`). perf: a Block's content tuple is built only when the signature
     is compared with another of the same hash (never on a cold call: ~10 us on the flagship's blocks)."""
 
-    def __new__(cls, ops: list, edges: list | None, value: tuple | None = None):
-        self = int.__new__(cls, content_hash(ops, len(edges if value is None else value[1])))
+    def __new__(cls, ops: list, edges: list | None, value: tuple | None = None, table=None):
+        """`table`: the ops' graph/op_table.TableWriter where the builder wrote one (else derived)."""
+        self = int.__new__(cls, content_hash(ops, len(edges if value is None else value[1]), table))
         state = self.__dict__
         state["ops"] = ops
         state["_edges"] = edges      # a Block's edge list while the content is not built
@@ -72,7 +74,7 @@ class BlockSignature(Signature):
     def of(cls, g) -> "BlockSignature":
         lists = block_lists(g)
         if lists is not None:
-            return cls(*lists)
+            return cls(*lists, table=block_table(g))
         value = block_content(g)
         return cls([op for _, op in value[0]], None, value)
 
@@ -96,7 +98,7 @@ def block_signature(g) -> BlockSignature:
         if sig is None:
             # equal blocks of different graphs share one Signature object, so cache look-ups compare
             # identities, not every op
-            sig = state["_signature"] = _interned.canonical(BlockSignature(*state["_lists"]))
+            sig = state["_signature"] = _interned.canonical(BlockSignature(*state["_lists"], table=state["_table"]))
         return sig
     sig = _signatures.get(g)
     if sig is None:

@@ -253,6 +253,11 @@ class BlockBuilder:
         return Block.of(self.ops, edges, self.table)
 
 
+def empty_block() -> nx.DiGraph:
+    """BlockBuilder(...).done() of a builder given no op: a new (editable) block each call."""
+    return Block.of([], [], TableWriter())
+
+
 def group_geometry(group: GroupKind, par: ParallelConfig) -> tuple[int, int, str]:
     """(size, global-rank stride, stream) of a process group; Megatron rank order is tp, cp, dp, pp."""
     if group is _TP:

@@ -16,7 +16,7 @@ import networkx as nx
 from comet.config.model import ModelSpec
 from comet.config.parallel import OffloadTarget, ParallelConfig, Recompute, SelectivePolicy
 from comet.graph.ir import Collective, GroupKind, Phase
-from comet.workload.block_builder import ACT_BYTES, BlockBuilder, Dims
+from comet.workload.block_builder import ACT_BYTES, BlockBuilder, Dims, empty_block
 from comet.workload.layer_parts import (attention_backward, attention_core, attention_forward, col_backward,
                                         dense_mlp_backward, dense_mlp_forward, dropout_add, grad_in, norm, tp_in,
                                         tp_out)
@@ -109,15 +109,25 @@ def layer_backward(model: ModelSpec, par: ParallelConfig, mlp_backward=dense_mlp
     return bb.done()
 
 
+# perf: enum members bound once (a member read through its class is ~0.09 us on Python 3.11)
+_FULL, _SELECTIVE, _ATTENTION_POLICY = Recompute.FULL, Recompute.SELECTIVE, SelectivePolicy.ATTENTION
+
+
 def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward, moe_layer: bool = False) -> nx.DiGraph:
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
     recomputes its scores inside the backward kernel); plus Megatron-Core's recompute modules."""
-    from comet.workload.recompute_modules import add_recompute_ops   # (it imports this module)
-    if par.recompute is Recompute.FULL:
+    recompute = par.recompute
+    if recompute is _FULL:
         return forward(model, par, phase=Phase.RECOMPUTE)
-    if par.recompute is Recompute.SELECTIVE and par.selective_policy is not SelectivePolicy.ATTENTION:
+    if recompute is _SELECTIVE and par.selective_policy is not _ATTENTION_POLICY:
         return _policy_recompute(model, par, par.selective_policy)
+    if recompute is not _SELECTIVE or (par.flash_attention and not par.recompute_modules):
+        # perf (i23b-blocks): nothing runs again (no attention core; no module: recompute_modules.active is
+        # empty): the empty block, as the builder gives it, without a builder or the import below
+        # (~3.6 -> ~0.9 us a cold call; tests/workload/test_builder.py)
+        return empty_block()
+    from comet.workload.recompute_modules import add_recompute_ops   # (it imports this module)
     bb = BlockBuilder(Phase.RECOMPUTE, par, model)
     if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
         attention_core(bb, Dims.of(model, par), [], backward=False)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 from comet.config.model import ModelSpec
 from comet.config.moe import MLASpec, MoESpec
-from comet.config.parallel import ParallelConfig, Recompute, RecomputeModule
+from comet.config.parallel import ParallelConfig, Recompute, RecomputeModule, SelectivePolicy
 from comet.errors import ConfigError
 from comet.graph.ir import KernelClass, ops
 from comet.validate.frameworks import defaults_for
@@ -109,3 +110,32 @@ def test_remedies_offer_the_modules_for_moe_and_mla_models_only():
     assert move in _moves(_par(recompute=Recompute.NONE), cluster, TINY)
     plain = ModelSpec(name="tiny_dense", layers=2, hidden=64, heads=4, vocab=256, seq_len=32, ffn_hidden=256)
     assert move not in _moves(ParallelConfig(global_batch=8, dp=8).resolve(plain), cluster, plain)
+
+
+@settings(max_examples=40, deadline=None)
+@given(selective=st.booleans(), flash=st.booleans(), modules=st.lists(st.sampled_from(ALL), unique=True),
+       moe_layer=st.booleans(), policy=st.sampled_from(SelectivePolicy))
+def test_the_recompute_block_equals_the_builders_on_random_settings(selective, flash, modules, moe_layer, policy):
+    """layers.layer_recompute skips the builder where nothing runs again: the block it gives equals, op
+    for op, edge for edge and row for row, the one a builder given the same work builds."""
+    from comet.graph.block import block_lists, block_table
+    from comet.graph.ir import Phase
+    from comet.workload.block_builder import BlockBuilder, Dims
+    from comet.workload.layer_parts import attention_core
+    from comet.workload.layers import layer_recompute
+    from comet.workload.recompute_modules import add_recompute_ops
+    kind = Recompute.SELECTIVE if selective else Recompute.NONE
+    try:
+        par = _par(recompute=kind, flash_attention=flash, recompute_modules=tuple(modules), selective_policy=policy)
+    except ConfigError:     # modules without Megatron selective recompute
+        return
+    assume(par.recompute is Recompute.NONE or par.selective_policy is SelectivePolicy.ATTENTION)
+    bb = BlockBuilder(Phase.RECOMPUTE, par, TINY)
+    if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
+        attention_core(bb, Dims.of(TINY, par), [], backward=False)
+    add_recompute_ops(bb, moe_layer)
+    built, reference = layer_recompute(TINY, par, moe_layer=moe_layer), bb.done()
+    assert block_lists(built) == block_lists(reference)
+    mine, theirs = block_table(built), block_table(reference)
+    assert [mine.rows, mine.gemms, mine.transfers, mine.left_out] == \
+        [theirs.rows, theirs.gemms, theirs.transfers, theirs.left_out]
