@@ -137,11 +137,12 @@ def object_key(obj) -> tuple:
     # perf (i16g-glue): one key tuple per object while it is in use, so a look-up's key is the stored
     # key's own tuple (compared by identity, not through _Held.__eq__) and no holder is built per call;
     # bounded (a dropped tuple is rebuilt equal)
-    key = _object_keys.get(id(obj))
+    i = id(obj)
+    key = _object_keys.get(i)
     if key is None or key[1].obj is not obj:
         if len(_object_keys) >= _OBJECT_KEYS:
             _object_keys.clear()
-        key = _object_keys[id(obj)] = (id(obj), _Held(obj))
+        key = _object_keys[i] = (i, _Held(obj))
     return key
 
 

@@ -37,9 +37,12 @@ class TaskParts(Sequence):
         (a cheap search candidate's _breakdown: nested loops and dict views each call before)."""
         items = self._items.get(s)
         if items is None:
-            f_row, b_row = self[s], other[s]
-            items = self._items[s] = tuple(kv for c in range(len(f_row)) for parts in (f_row[c], b_row[c])
-                                           for kv in parts.items())
+            # perf (i24s-step): extended chunk by chunk (a generator resumed per item before: ~15 a cold call)
+            items = []
+            for f, b in zip(self[s], other[s]):
+                items += f.items()
+                items += b.items()
+            items = self._items[s] = tuple(items)
         return items
 
     def __len__(self) -> int:
@@ -102,7 +105,7 @@ def _task_parts(graph: StepGraph, blocks: dict[str, BlockTiming], blocks_key: tu
 
     # the overlapped pipeline send's exposed seconds per send stride (builder.build_plan); perf (i21s-step):
     # the strides found once per graph (_GraphFacts), the pairs are the key
-    sends = tuple((stride, plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)) for stride in facts.send_strides)
+    sends = tuple([(stride, plan.p2p_exposed * p2p_s(plan.p2p_bytes, stride, cluster)) for stride in facts.send_strides])
 
     def per_kind() -> tuple:
         # perf (i18s-step): the kinds' block parts in one entry, read by every network (one entry per
@@ -155,8 +158,10 @@ class _GraphFacts:
         plan = graph.plan
         self.kinds = kinds = task_kinds(plan)
         self.kinds_key = cache.object_key(kinds[0])
-        # the pipeline sends' distinct strides, in the kinds' order
-        self.send_strides = tuple(s for s in dict.fromkeys(stride for _, stride in kinds[0]) if s is not None)
+        # the pipeline sends' distinct strides, in the kinds' order (perf: no generators, ~9 resumptions)
+        strides = dict.fromkeys([stride for _, stride in kinds[0]])
+        strides.pop(None, None)
+        self.send_strides = tuple(strides)
         self.groups = groups = _stage_groups_shared(graph)
         stages_key = cache.object_key(graph.stages)
         self.sync_key = cache.Signature((stages_key, plan.chunk_layers))

@@ -84,7 +84,7 @@ def _stage_groups(graph: StepGraph) -> StageGroups:
     for g, n in zip(run_group, run_length):
         index[start:start + n] = g
         start += n
-    embedding = tuple(sorted(s for r, st in zip(runs, syncs) if st.embedding_sync is not None for run in r for s in run))
+    embedding = tuple(sorted([s for r, st in zip(runs, syncs) if st.embedding_sync is not None for run in r for s in run]))
     return StageGroups(rows, first, syncs, index, embedding)
 
 
@@ -332,7 +332,7 @@ class _TailStatics:
         self.groups, self.emb = groups, emb
         self.fused = fused   # tail_kernels.stage_tails' per-group inputs, where it applies
         # whether some stage gathers parameters after its optimizer (_after_optimizer)
-        self.gathers_after = any(st.param_gathers and not st.gather_before_forward for _, _, st, _ in groups)
+        self.gathers_after = any([st.param_gathers and not st.gather_before_forward for _, _, st, _ in groups])
 
     def per_stage(self, groups: StageGroups) -> np.ndarray:
         """Per stage (optimizer seconds, host-link seconds): rows of one table, each contiguous (the
