@@ -54,8 +54,8 @@ _TRANSFERS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)     # timed by comet/
 _BACKWARD_PHASES = (Phase.BACKWARD,)   # compute.compute_op_time_s: `op.phase in (Phase.BACKWARD,)`
 _NUMBERS = (int, float)
 # a compute kernel on rank 0's compute stream (every kernel the builder writes)
-_COMPUTE_PLACE = stream_code(COMPUTE_STREAM)
-_COMPUTE_KIND = KIND_CODES[_COMPUTE] * GROUPS_PER_KIND
+COMPUTE_PLACE = stream_code(COMPUTE_STREAM)
+COMPUTE_KIND = KIND_CODES[_COMPUTE] * GROUPS_PER_KIND
 
 
 def kind_group(kind, group) -> int:
@@ -64,6 +64,15 @@ def kind_group(kind, group) -> int:
 
 
 _PLACED: dict = {}
+
+
+def placed_row(code: int, stream, kind: OpKind, group: GroupKind | None) -> tuple:
+    """The row of an op on rank 0 that is not a compute kernel (a TRANSFER, or a LEFT_OUT copy)."""
+    key = (code, stream, kind, group)
+    row = _PLACED.get(key)
+    if row is None:    # perf: a few distinct rows (streams x kinds x groups), each built once
+        row = _PLACED[key] = (code, 0.0, stream_code(stream), kind_group(kind, group))
+    return row
 
 
 class TableWriter:
@@ -85,7 +94,7 @@ class TableWriter:
         self.rows += (code, 0.0, place, kind)
 
     # a compute kernel on rank 0's compute stream, without a measured duration
-    def gemm(self, m, n, k, batch, dtype_bytes, place=_COMPUTE_PLACE, kind=_COMPUTE_KIND) -> None:
+    def gemm(self, m, n, k, batch, dtype_bytes, place=COMPUTE_PLACE, kind=COMPUTE_KIND) -> None:
         """Followed in int64 only for plain positive ints (else the Python model times it)."""
         if type(m) is int and type(n) is int and type(k) is int and type(batch) is int and type(dtype_bytes) is int \
                 and m >= 1 and n >= 1 and k >= 1 and batch >= 1 and dtype_bytes >= 1:
@@ -94,14 +103,14 @@ class TableWriter:
         else:
             self._other(LEFT_OUT, place, kind)
 
-    def attention(self, flops, phase, variant: str, place=_COMPUTE_PLACE, kind=_COMPUTE_KIND) -> None:
+    def attention(self, flops, phase, variant: str, place=COMPUTE_PLACE, kind=COMPUTE_KIND) -> None:
         if type(flops) in _NUMBERS:
             code = ATTENTION + (BACKWARD if phase in _BACKWARD_PHASES else 0) + (FA2 if variant == "fa2" else 0)
             self.rows += (code, flops, place, kind)
         else:
             self._other(LEFT_OUT, place, kind)
 
-    def memory(self, nbytes, place=_COMPUTE_PLACE, kind=_COMPUTE_KIND) -> None:
+    def memory(self, nbytes, place=COMPUTE_PLACE, kind=COMPUTE_KIND) -> None:
         if type(nbytes) in _NUMBERS:
             self.rows += (MEMORY, nbytes, place, kind)
         else:
@@ -109,10 +118,7 @@ class TableWriter:
 
     def placed(self, code: int, stream, kind: OpKind, group: GroupKind | None) -> None:
         """An op that is not a compute kernel (a TRANSFER, or a LEFT_OUT copy) on rank 0."""
-        key = (code, stream, kind, group)
-        row = _PLACED.get(key)
-        if row is None:    # perf: a few distinct rows (streams x kinds x groups), each built once
-            row = _PLACED[key] = (code, 0.0, stream_code(stream), kind_group(kind, group))
+        row = placed_row(code, stream, kind, group)
         (self.transfers if code == TRANSFER else self.left_out).append(len(self.rows) // ROW_WIDTH)
         self.rows += row
 

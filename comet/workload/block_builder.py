@@ -14,10 +14,15 @@ from comet.config.parallel import ParallelConfig, Precision
 from comet.graph.block import Block
 from comet.graph.ir import (COMPUTE_STREAM, CP_STREAM, DP_STREAM, EP_STREAM, OFFLOAD_STREAM, TP_STREAM, Collective,
                             DepKind, GroupKind, KernelClass, Op, OpKind, Phase)
-from comet.graph.op_table import LEFT_OUT, TRANSFER, TableWriter
+from comet.graph.op_table import COMPUTE_KIND, COMPUTE_PLACE, LEFT_OUT, MEMORY, TRANSFER, TableWriter, placed_row
 
 ACT_BYTES = 2   # bf16/fp16 activations
 FP8_BYTES = 1
+
+# perf: the builder's methods write an Op's given fields straight into its instance dict, as
+# Op.unchecked does (the others read the class defaults), without the keyword arguments: ~0.25 vs
+# ~0.65 us an op, ~55 ops a GPT configuration (tests/workload/test_builder.py checks every op built)
+_new_object, _set_attribute = object.__new__, object.__setattr__
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,15 @@ class Dims:
         if last[0] is model and last[1] is par:
             return last[2]
         T = par.micro_batch * model.seq_len // par.cp
-        dims = Dims(b=par.micro_batch, s=model.seq_len, T=T, Ts=T // par.tp if par.sp else T, t=par.tp,
-                    h=model.hidden, kv=model.kv_hidden, q=model.q_hidden, f=model.ffn_hidden,
-                    gate=2 if model.gated else 1, heads=model.heads // par.tp, d=model.head_size,
-                    V=model.padded_vocab(par.tp), sp=par.sp, cp=par.cp, act=model.activation.value)
+        # perf: every field in field order, the instance dict set at once (a frozen dataclass's __init__
+        # stores each of the 16 through object.__setattr__: ~2 us a configuration; tests/workload/
+        # test_builder.py checks it against Dims(...))
+        dims = _new_object(Dims)
+        _set_attribute(dims, "__dict__", {
+            "b": par.micro_batch, "s": model.seq_len, "T": T, "Ts": T // par.tp if par.sp else T, "t": par.tp,
+            "h": model.hidden, "kv": model.kv_hidden, "q": model.q_hidden, "f": model.ffn_hidden,
+            "gate": 2 if model.gated else 1, "heads": model.heads // par.tp, "d": model.head_size,
+            "V": model.padded_vocab(par.tp), "sp": par.sp, "cp": par.cp, "act": model.activation._value_})
         _last_dims = (model, par, dims)
         return dims
 
@@ -60,10 +70,6 @@ class Dims:
 _last_dims: tuple = (None, None, None)     # (model, parallel configuration, Dims) of the last Dims.of
 
 
-# perf: the builder's methods write an Op's given fields straight into its instance dict, as
-# Op.unchecked does (the others read the class defaults), without the keyword arguments: ~0.25 vs
-# ~0.65 us an op, ~55 ops a GPT configuration (tests/workload/test_builder.py checks every op built)
-_new_op = object.__new__
 # the (rank, stream) of the builder's kernels and copies; the edge kinds chain_edges gives (data: the plain str)
 _ON_COMPUTE, _ON_OFFLOAD = (0, COMPUTE_STREAM), (0, OFFLOAD_STREAM)
 _DATA, _STREAM, _SOURCE = DepKind.DATA.value, DepKind.STREAM, itemgetter(0)
@@ -90,6 +96,8 @@ class BlockBuilder:
         # perf: each op's row of the block's table (graph/op_table.py) written here, where its kind is
         # known: the replay's compiled cost model and packing read it without a pass over the Op objects
         self.table = TableWriter()
+        self.rows = self.table.rows
+        self.heads: dict = {}    # (collective, group, flat_ring) or (SEND, group) -> _transfer_head
         self.phase = phase
         self.par = par
         self.model = model
@@ -126,7 +134,7 @@ class BlockBuilder:
             after = self._fp8_casts(name, m, n, k, after)
         dtype = 1 if fp8 else 2
         self.table.gemm(m, n, k, batch, dtype)
-        op = self._kernel_op(name, _GEMM)
+        op = self._kernel_op(name, _GEMM, ())
         d = op.__dict__
         d["shape"] = (m, n, k, batch)
         d["flops"] = 2.0 * m * n * k * batch
@@ -175,25 +183,26 @@ class BlockBuilder:
 
     def memory(self, name: str, nbytes: float, after=()) -> int:
         nbytes = float(nbytes)
-        self.table.memory(nbytes)
-        op = self._kernel_op(name, _MEMORY)
+        # TableWriter.memory's row of a float (perf: written here, a call fewer an op; tested equal)
+        op = self._kernel_op(name, _MEMORY, (MEMORY, nbytes, COMPUTE_PLACE, COMPUTE_KIND))
         op.__dict__["bytes"] = nbytes
         return self._append(op, after)
 
     def attention(self, name: str, flops: float, shape: tuple, after=()) -> int:
         variant = "" if self.par.attention_kernel == "fused" else self.par.attention_kernel
         self.table.attention(flops, self.phase, variant)
-        op = self._kernel_op(name, _ATTENTION)
+        op = self._kernel_op(name, _ATTENTION, ())
         d = op.__dict__
         d["flops"] = flops
         d["shape"] = shape
         d["variant"] = variant
         return self._append(op, after)
 
-    def _kernel_op(self, name: str, kernel: KernelClass) -> Op:
-        """A compute kernel's op with the fields every kernel has (the caller writes its table row and
-        the kernel's own fields)."""
-        op = _new_op(Op)
+    def _kernel_op(self, name: str, kernel: KernelClass, row: tuple) -> Op:
+        """A compute kernel's op with the fields every kernel has, its table `row` appended (or () where
+        the caller wrote it); the caller writes the kernel's own fields."""
+        self.rows += row
+        op = _new_object(Op)
         d = op.__dict__
         d["name"] = name
         d["kind"] = _COMPUTE
@@ -203,37 +212,47 @@ class BlockBuilder:
 
     def collective(self, name: str, kind: Collective, msg_bytes: float, group: GroupKind, after=(),
                    flat_ring: bool = False) -> int:
-        op, place = self._transfer_op(name, _COLLECTIVE, msg_bytes, group)
-        d = op.__dict__
-        d["collective"] = kind
-        d["flat_ring"] = flat_ring
-        return self._append(op, after, place)
+        head = self.heads.get((kind, group, flat_ring))
+        if head is None:
+            head = self.heads[(kind, group, flat_ring)] = self._transfer_head(_COLLECTIVE, group, kind, flat_ring)
+        return self._transfer(head, name, msg_bytes, after)
 
     def send(self, name: str, msg_bytes: float, group: GroupKind, after=()) -> int:
-        op, place = self._transfer_op(name, _SEND, msg_bytes, group)
-        return self._append(op, after, place)
+        head = self.heads.get((_SEND, group))
+        if head is None:
+            head = self.heads[(_SEND, group)] = self._transfer_head(_SEND, group)
+        return self._transfer(head, name, msg_bytes, after)
 
-    def _transfer_op(self, name: str, kind: OpKind, msg_bytes: float, group: GroupKind) -> tuple[Op, tuple]:
-        """A collective's or send's op with the fields both have (its table row written), and its
-        (rank, stream)."""
+    def _transfer_head(self, kind: OpKind, group: GroupKind, collective: Collective | None = None,
+                       flat_ring: bool = False) -> tuple[dict, tuple, tuple]:
+        """What a collective's or send's op shares with the block's other transfers of its kind and
+        group: its fields (name and msg_bytes to fill, in the order the op's dict has them), table row and
+        (rank, stream). perf: each (collective, group) met once a block, its geometry and row looked up
+        once (a GPT layer's backward has 9 TP collectives of two kinds)."""
         size, stride, stream = group_geometry(group, self.par)
-        self.table.placed(TRANSFER, stream, kind, group)
-        op = _new_op(Op)
+        fields = {"name": None, "kind": kind, "stream": stream, "msg_bytes": None,
+                  "group": group._value_,    # perf: Enum._value_ is the member's value (.value: a property)
+                  "group_kind": group, "group_size": size, "group_stride": stride, "phase": self.phase}
+        if kind is _COLLECTIVE:
+            fields["collective"] = collective
+            fields["flat_ring"] = flat_ring
+        return fields, placed_row(TRANSFER, stream, kind, group), (0, stream)
+
+    def _transfer(self, head: tuple, name: str, msg_bytes: float, after) -> int:
+        fields, row, place = head
+        self.rows += row
+        op = _new_object(Op)
         d = op.__dict__
+        d.update(fields)     # perf: one C call for the shared fields, ~0.2 us fewer than storing each
         d["name"] = name
-        d["kind"] = kind
-        d["stream"] = stream
         d["msg_bytes"] = float(msg_bytes)
-        d["group"] = group._value_    # perf: Enum._value_ is the member's value (.value: a property, ~0.3 us)
-        d["group_kind"] = group
-        d["group_size"] = size
-        d["group_stride"] = stride
-        d["phase"] = self.phase
-        return op, (0, stream)
+        nid = self._append(op, after, place)
+        self.table.transfers.append(nid)     # its row's node id, as TableWriter.placed notes it
+        return nid
 
     def offload(self, name: str, nbytes: float, after=()) -> int:
         self.table.placed(LEFT_OUT, OFFLOAD_STREAM, _MEMCPY, None)
-        op = _new_op(Op)
+        op = _new_object(Op)
         d = op.__dict__
         d["name"] = name
         d["kind"] = _MEMCPY

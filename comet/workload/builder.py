@@ -63,6 +63,7 @@ _COLLECTIVE_OP, _COMPUTE_OP, _MEMCPY_OP = OpKind.COLLECTIVE, OpKind.COMPUTE, OpK
 _DP, _EDP, _EMBEDDING = GroupKind.DP, GroupKind.EDP, GroupKind.EMBEDDING
 _ALL_GATHER, _ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_GATHER, Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
 _BACKWARD, _FORWARD, _OPTIMIZER = Phase.BACKWARD, Phase.FORWARD, Phase.OPTIMIZER
+_MEMORY_KERNEL, _OFFLOADED_OPTIMIZER = KernelClass.MEMORY, OffloadTarget.OPTIMIZER
 
 
 _new_object, _set_attribute = object.__new__, object.__setattr__
@@ -173,9 +174,9 @@ def build_stage_sync(model: ModelSpec, par: ParallelConfig, stage: int, embeddin
         opt_params += expert_params / (par.expert_dp if zero >= 1 else 1)
     adam_bytes = opt_params * ADAM_STEP_BYTES
     optimizer = [_resized(made, "optimizer.adam", "bytes", adam_bytes) or _made(made, Op.unchecked(
-        "optimizer.adam", _COMPUTE_OP, stream=COMPUTE_STREAM, kernel=KernelClass.MEMORY, bytes=adam_bytes,
+        "optimizer.adam", _COMPUTE_OP, stream=COMPUTE_STREAM, kernel=_MEMORY_KERNEL, bytes=adam_bytes,
         phase=_OPTIMIZER))]
-    if OffloadTarget.OPTIMIZER in par.offload:
+    if _OFFLOADED_OPTIMIZER in par.offload:
         optimizer.append(Op.unchecked("optimizer.offload_stream", _MEMCPY_OP, stream=OFFLOAD_STREAM,
                                       bytes=opt_params * OFFLOADED_STATE_BYTES, phase=_OPTIMIZER))
     return _frozen(StageSync, {"grad_buckets": tuple(buckets), "param_gathers": tuple(gathers),

@@ -39,6 +39,14 @@ LOSS_HBM_BYTES = {"fused": (ACT_BYTES + 4 * 2, 4 + ACT_BYTES),
                   "megatron": (ACT_BYTES + 4 + 4 + 4 * 2 + 4 * 2 + 4 + 4 * 2, 4 * 2 + 4 + ACT_BYTES)}
 
 
+# perf: enum members bound once (a member read through its class is ~0.13 us on Python 3.11)
+_ALL_GATHER, _ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_GATHER, Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
+_TP, _DP = GroupKind.TP, GroupKind.DP
+_FORWARD, _BACKWARD, _RECOMPUTE = Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE
+_WEIGHTS, _ACTIVATIONS = OffloadTarget.WEIGHTS, OffloadTarget.ACTIVATIONS
+_FULL, _SELECTIVE, _ATTENTION_POLICY = Recompute.FULL, Recompute.SELECTIVE, SelectivePolicy.ATTENTION
+
+
 # ------------------------------------------------------------------------------------------- blocks
 def _layer_weight_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     return model.layer_params / par.tp * ACT_BYTES
@@ -63,17 +71,17 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
         # PyTorch FSDP checkpoints inside its unit (Composer dist_strategy.py applies activation
         # checkpointing after FSDP wrapping and skips FSDP modules; torchtitan wraps checkpointed blocks
         # with fully_shard), so the recompute runs on the weights the backward's gather brought in.
-        gathers = not par.fsdp if bb.phase is Phase.RECOMPUTE else not (backward and par.shard_grad_op)
+        gathers = not par.fsdp if bb.phase is _RECOMPUTE else not (backward and par.shard_grad_op)
         if gathers:
-            ag = bb.collective("zero3.all_gather_params", Collective.ALL_GATHER, weights, GroupKind.DP, [], flat)
+            ag = bb.collective("zero3.all_gather_params", _ALL_GATHER, weights, _DP, [], flat)
             if not backward and not par.overlap_param_gather:
                 first = [ag]
         if backward:   # gradients reduced in the reduce dtype (FSDP MixedPrecision.reduce_dtype)
             grads = model.layer_params / par.tp * par.grad_reduce_bytes
-            bb.collective("zero3.reduce_scatter_grads", Collective.REDUCE_SCATTER, grads, GroupKind.DP, [], flat)
-    if OffloadTarget.WEIGHTS in par.offload:
+            bb.collective("zero3.reduce_scatter_grads", _REDUCE_SCATTER, grads, _DP, [], flat)
+    if _WEIGHTS in par.offload:
         bb.offload("offload.weights_in", weights, [])
-    if OffloadTarget.ACTIVATIONS in par.offload:
+    if _ACTIVATIONS in par.offload:
         from comet.workload.memory import activation_bytes_per_layer
         bb.offload("offload.activations_in" if backward else "offload.activations_out",
                    activation_bytes_per_layer(model, par), [])
@@ -81,7 +89,7 @@ def _zero3_and_offload(bb: BlockBuilder, model: ModelSpec, D: Dims, backward: bo
 
 
 
-def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FORWARD,
+def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = _FORWARD,
                   mlp_forward=dense_mlp_forward) -> nx.DiGraph:
     """One layer's forward; `mlp_forward` is the MLP (dense, or comet.workload.moe's expert layer)."""
     D = Dims.of(model, par)
@@ -97,7 +105,7 @@ def layer_forward(model: ModelSpec, par: ParallelConfig, phase: Phase = Phase.FO
 
 def layer_backward(model: ModelSpec, par: ParallelConfig, mlp_backward=dense_mlp_backward) -> nx.DiGraph:
     D = Dims.of(model, par)
-    bb = BlockBuilder(Phase.BACKWARD, par, model)
+    bb = BlockBuilder(_BACKWARD, par, model)
     _zero3_and_offload(bb, model, D, backward=True)
     x = dropout_add(bb, D, "mlp.dropout_add.bwd", [])
     x = mlp_backward(bb, D, x)
@@ -109,17 +117,13 @@ def layer_backward(model: ModelSpec, par: ParallelConfig, mlp_backward=dense_mlp
     return bb.done()
 
 
-# perf: enum members bound once (a member read through its class is ~0.09 us on Python 3.11)
-_FULL, _SELECTIVE, _ATTENTION_POLICY = Recompute.FULL, Recompute.SELECTIVE, SelectivePolicy.ATTENTION
-
-
 def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward, moe_layer: bool = False) -> nx.DiGraph:
     """What runs again before a layer's backward: the whole forward (full), the attention core of an
     unfused implementation (selective, Korthikanti et al. sec. 5), or nothing (flash attention already
     recomputes its scores inside the backward kernel); plus Megatron-Core's recompute modules."""
     recompute = par.recompute
     if recompute is _FULL:
-        return forward(model, par, phase=Phase.RECOMPUTE)
+        return forward(model, par, phase=_RECOMPUTE)
     if recompute is _SELECTIVE and par.selective_policy is not _ATTENTION_POLICY:
         return _policy_recompute(model, par, par.selective_policy)
     if recompute is not _SELECTIVE or (par.flash_attention and not par.recompute_modules):
@@ -128,8 +132,8 @@ def layer_recompute(model: ModelSpec, par: ParallelConfig, forward=layer_forward
         # (~3.6 -> ~0.9 us a cold call; tests/workload/test_builder.py)
         return empty_block()
     from comet.workload.recompute_modules import add_recompute_ops   # (it imports this module)
-    bb = BlockBuilder(Phase.RECOMPUTE, par, model)
-    if par.recompute is Recompute.SELECTIVE and not par.flash_attention:
+    bb = BlockBuilder(_RECOMPUTE, par, model)
+    if par.recompute is _SELECTIVE and not par.flash_attention:
         attention_core(bb, Dims.of(model, par), [], backward=False)
     add_recompute_ops(bb, moe_layer)
     return bb.done()
@@ -140,7 +144,7 @@ def _policy_recompute(model: ModelSpec, par: ParallelConfig, policy) -> nx.DiGra
     comet.workload.memory._policy_saved_bytes for what each keeps). op_sac: the norms, the recomputed
     mm's wk (kv wide), wo and w3 (f wide) and the activation; save_qkv: everything after the QKV GEMM."""
     D = Dims.of(model, par)
-    bb = BlockBuilder(Phase.RECOMPUTE, par, model)
+    bb = BlockBuilder(_RECOMPUTE, par, model)
     x = norm(bb, D, "input_norm", [])
     if policy is SelectivePolicy.OP_SAC:
         x = [bb.gemm("wk", D.T, D.kv // D.t, D.h, x)]
@@ -163,18 +167,18 @@ def embedding_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     """Vocab-parallel embedding lookup: each TP rank writes its rows, the partial embeddings are summed
     over the TP group (reduce-scattered under SP), then embedding dropout."""
     D = Dims.of(model, par)
-    bb = BlockBuilder(Phase.FORWARD, par, model)
+    bb = BlockBuilder(_FORWARD, par, model)
     x = [bb.memory("embedding.lookup", D.T * D.h * ACT_BYTES * 2, [])]
     if D.t > 1:
-        kind = Collective.REDUCE_SCATTER if D.sp else Collective.ALL_REDUCE
-        x = [bb.collective(f"embedding.{kind._value_}", kind, D.T * D.h * ACT_BYTES, GroupKind.TP, x)]
+        kind = _REDUCE_SCATTER if D.sp else _ALL_REDUCE
+        x = [bb.collective(f"embedding.{kind._value_}", kind, D.T * D.h * ACT_BYTES, _TP, x)]
     bb.memory("embedding.dropout", D.Ts * D.h * (2 * ACT_BYTES + 1), x)
     return bb.done()
 
 
 def embedding_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     D = Dims.of(model, par)
-    bb = BlockBuilder(Phase.BACKWARD, par, model)
+    bb = BlockBuilder(_BACKWARD, par, model)
     x = [bb.memory("embedding.dropout.bwd", D.Ts * D.h * (2 * ACT_BYTES + 1), [])]
     x = grad_in(bb, D, "embedding", x)
     # F.embedding's weight gradient is dense: a zero V/t x h tensor in the weight's 16-bit dtype with the
@@ -195,19 +199,19 @@ def head_forward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     three small all-reduces over TP: max, sum of exponentials, target logit; Megatron
     vocab_parallel_cross_entropy)."""
     D = Dims.of(model, par)
-    bb = BlockBuilder(Phase.FORWARD, par, model)
+    bb = BlockBuilder(_FORWARD, par, model)
     x = norm(bb, D, "final_norm", [])
     x = tp_in(bb, D, "logits", D.T, D.V // D.t, D.h, x)
     x = [bb.memory("cross_entropy", D.T * D.V // D.t * LOSS_HBM_BYTES[par.loss_impl][0], x)]
     if D.t > 1:
         for what in ("max", "sum_exp", "target"):
-            x = [bb.collective(f"cross_entropy.all_reduce_{what}", Collective.ALL_REDUCE, D.T * 4, GroupKind.TP, x)]
+            x = [bb.collective(f"cross_entropy.all_reduce_{what}", _ALL_REDUCE, D.T * 4, _TP, x)]
     return bb.done()
 
 
 def head_backward(model: ModelSpec, par: ParallelConfig) -> nx.DiGraph:
     D = Dims.of(model, par)
-    bb = BlockBuilder(Phase.BACKWARD, par, model)
+    bb = BlockBuilder(_BACKWARD, par, model)
     x = [bb.memory("cross_entropy.bwd", D.T * D.V // D.t * LOSS_HBM_BYTES[par.loss_impl][1], [])]
     x = col_backward(bb, D, "logits", D.V // D.t, x)
     norm(bb, D, "final_norm.bwd", x, backward=True)

@@ -260,3 +260,22 @@ def test_builder_stream_edges_equal_chain_edges_on_random_blocks(spec):
         bb._add(Op(f"op{i}", kind, rank=rank, stream=stream), after)
     ops, edges = block_lists(bb.done())[:2]
     assert edges == _edges_by_chain_edges(ops, edges)
+
+
+def test_dims_built_as_the_dataclass_builds_them():
+    """Dims.of sets a new Dims' instance dict at once: on every shipped model and its layouts, the same
+    fields, values and order as Dims(...)'s own __init__ (and the sizes the blocks read)."""
+    from pathlib import Path
+    from comet.config.model import load_model
+    from comet.workload.block_builder import Dims
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "comet" / "models").glob("*.yaml"))
+    seen = 0
+    for name in names:
+        model = load_model(name)
+        for par in _builder_layouts(model):
+            dims = Dims.of(model, par)
+            _same_dataclass(dims, Dims)
+            assert dims.T == par.micro_batch * model.seq_len // par.cp and dims.act == model.activation.value
+            assert Dims.of(model, par) is dims
+            seen += 1
+    assert seen > 20
