@@ -16,6 +16,8 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "== installing comet and its dependencies into $(VENV) (first run: a few minutes, progress below)"
 	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
+	@echo "== compiling the replay kernels into numba's cache (first install only, about a minute)"
+	$(BIN)/python -m comet.replay.precompile
 	touch $(STAMP)
 	@echo "== installed: $$($(BIN)/comet --version)"
 

@@ -25,6 +25,9 @@ CATEGORY_OF_GROUP = {kind: FIRST_COMM + k for k, (_, kind) in enumerate(COMM_ORD
 _PART_OF_COMM = np.array([PARTS.index(key) for key, _ in COMM_ORDER], dtype=np.int64)
 _OFFLOAD = PARTS.index("offload")
 N_PARTS, _N_COMM = len(PARTS), len(COMM_ORDER)
+# the categories in the order exposure charges them, and the part each is charged to
+_CHARGE_ORDER = np.array([COMPUTE, *range(FIRST_COMM, FIRST_COMM + _N_COMM), MEMCPY], dtype=np.int64)
+_CHARGED_PART = np.array([PARTS.index("compute"), *_PART_OF_COMM, _OFFLOAD], dtype=np.int64)
 
 
 # -------------------------------------------------------------------------------- exposure split
@@ -126,7 +129,7 @@ def _length(a, b, m) -> float:
     return total
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def exposure(start, end, cat, makespan):
     """blocks.exposure_parts on arrays: compute busy time, then communication not hidden behind
     compute (charged in COMM_ORDER), then copies hidden by neither; idle time inside the block counts
@@ -140,21 +143,23 @@ def exposure(start, end, cat, makespan):
     ea, eb = w[4 * size:5 * size], w[5 * size:6 * size]   # their exposed part
     ta, tb = w[6 * size:7 * size], w[7 * size:]           # the next covered
     parts = np.zeros(N_PARTS)
-    mc = _union_of(order, start, end, cat, COMPUTE, ca, cb)
-    parts[0] = _length(ca, cb, mc)
-    for k in range(_N_COMM):
-        mm = _union_of(order, start, end, cat, FIRST_COMM + k, ma, mb)
+    mc = 0
+    # perf: one loop over the categories, so each helper is compiled in once (numba inlines a copy per
+    # call site). The copies' exposed part joins the covered time where exposure_parts joins their
+    # whole spans: the same union, the same floats.
+    for k in range(_CHARGE_ORDER.shape[0]):
+        mm = _union_of(order, start, end, cat, _CHARGE_ORDER[k], ma, mb)
         if mm == 0:
             continue        # nothing exposed, nothing newly covered
+        if mc == 0:         # nothing covered yet (compute): all exposed, all now covered
+            parts[_CHARGED_PART[k]] += _length(ma, mb, mm)
+            ca, cb, ma, mb, mc = ma, mb, ca, cb, mm
+            continue
         me = _subtract(ma, mb, mm, ca, cb, mc, ea, eb)
-        parts[_PART_OF_COMM[k]] += _length(ea, eb, me)
+        parts[_CHARGED_PART[k]] += _length(ea, eb, me)
         mc = _union(ca, cb, mc, ea, eb, me, ta, tb)
         ca, cb, ta, tb = ta, tb, ca, cb
-    mo = _union_of(order, start, end, cat, MEMCPY, ma, mb)
-    me = _subtract(ma, mb, mo, ca, cb, mc, ea, eb)
-    parts[_OFFLOAD] = _length(ea, eb, me)
-    mc = _union(ca, cb, mc, ma, mb, mo, ta, tb)
-    idle = makespan - _length(ta, tb, mc)
+    idle = makespan - _length(ca, cb, mc)
     parts[0] += idle if idle > 0.0 else 0.0
     return parts
 

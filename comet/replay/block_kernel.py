@@ -10,8 +10,11 @@ re-timed while a transfer is in flight on its rank.
 A block is packed into arrays (block_pack.py): one int64 array holding every structure the loop reads,
 one float array of edge delays. `replay_tables` packs and replays the blocks built with their op tables,
 several in one call; `replay_summary` replays a block packed from its ops (packed once per content, the
-structure kept by the caller). The exposure split of each replay is block_exposure.py's. The helpers
-are inlined (`inline="always"`): called as functions, numba counts references on every array argument.
+structure kept by the caller). The exposure split of each replay is block_exposure.py's, compiled
+apart (called once a block). The engine's helpers are inlined (`inline="always"`): called as functions,
+numba counts references on every array argument. numba inlines a copy at every call site, nested, and
+compile time grows with them (inlining exposure and both _begin_transfer sites doubled the first
+compile, 36 -> 64 s): each helper has one call site where it can (docs/cold-path.md, i24k).
 
 numba's on-disk cache keys an entry point on its own file: the entry points here compile in the
 helpers of block_pack.py and block_exposure.py, so after editing those, touch this file.
@@ -57,7 +60,7 @@ def _replay_tables(tables, flags_category, dur, overlap_slowdown):
             out[b, :] = 0.0
             out[b, 0] = -1.0
         else:
-            out[b, :] = _summary(structure, np.zeros(structure[1]), dur[first:first + n], overlap_slowdown)
+            _summary_into(out[b], structure, np.zeros(structure[1]), dur[first:first + n], overlap_slowdown)
         pos += length
         first += n
     return out
@@ -140,20 +143,20 @@ def replay_arrays(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, ove
 def replay_summary(structure: np.ndarray, delay: np.ndarray, dur: np.ndarray, overlap_slowdown: float) -> np.ndarray:
     """[ops done, makespan, exposure parts in PARTS order] of replay_arrays: what a block's timing
     keeps (perf: numba boxes each returned array on every call; one instead of five)."""
-    return _summary(structure, delay, dur, overlap_slowdown)
-
-
-@njit(nogil=True)
-def _summary(structure, delay, dur, overlap_slowdown):
-    _, _, _, _, done, parts, makespan = _replay(structure, delay, dur, overlap_slowdown)
-    out = np.empty(2 + parts.shape[0])
-    out[0] = done
-    out[1] = makespan
-    out[2:] = parts
+    out = np.empty(2 + N_PARTS)
+    _summary_into(out, structure, delay, dur, overlap_slowdown)
     return out
 
 
-@njit(nogil=True)
+@njit(inline="always")
+def _summary_into(out, structure, delay, dur, overlap_slowdown) -> None:
+    _, _, _, _, done, parts, makespan = _replay(structure, delay, dur, overlap_slowdown)
+    out[0] = done
+    out[1] = makespan
+    out[2:] = parts
+
+
+@njit(cache=True, nogil=True)
 def _replay(structure, delay, dur, overlap_slowdown):
     n, n_edges, n_groups, n_members, n_res, n_ranks = (structure[0], structure[1], structure[2], structure[3],
                                                        structure[4], structure[5])
@@ -284,19 +287,23 @@ def _replay(structure, delay, dur, overlap_slowdown):
             binding[i] = prev
         last_on_res[res] = i
         g = group[i]
-        if g >= 0:
-            arrived[g] += 1
-            if arrived[g] == group_ptr[g + 1] - group_ptr[g]:
-                size, seq = _begin_transfer(members[group_ptr[g]:group_ptr[g + 1]], t, dur, arrive, topo, start,
-                                            binding, rank, comm_active, overlap_slowdown, head, nxt, rem, rate_of,
-                                            since, ver, version, slow, ev, size, seq, -1)
+        if g >= 0 or flags[i] & 2 != 0:
+            # a transfer: a matched group's once its last member arrives, else this op's alone (perf: one
+            # call site, so one inlined copy of _begin_transfer and the re-timing in it)
+            if g >= 0:
+                arrived[g] += 1
+                if arrived[g] != group_ptr[g + 1] - group_ptr[g]:
+                    continue
+                first_member, end_member, single = group_ptr[g], group_ptr[g + 1], -1
+            else:
+                first_member, end_member, single = 0, 0, i
+            size, seq = _begin_transfer(members[first_member:end_member], t, dur, arrive, topo, start, binding, rank,
+                                        comm_active, overlap_slowdown, head, nxt, rem, rate_of, since, ver, version,
+                                        slow, ev, size, seq, single)
             continue
         start[i] = t
-        if flags[i] & 2 != 0:
-            size, seq = _begin_transfer(members[0:0], t, dur, arrive, topo, start, binding, rank, comm_active,
-                                        overlap_slowdown, head, nxt, rem, rate_of, since, ver, version, slow, ev,
-                                        size, seq, i)
-        elif flags[i] & 1 != 0 and overlap_slowdown != 0.0:
+        finish = t + dur[i]
+        if flags[i] & 1 != 0 and overlap_slowdown != 0.0:
             r = rank[i]
             rate = slow if comm_active[r] != 0 else 1.0
             rem[i] = dur[i]
@@ -311,11 +318,9 @@ def _replay(structure, delay, dur, overlap_slowdown):
             else:
                 head[r] = i
             tail[r] = i
-            size = _push(ev, 0, size, t + dur[i] / rate, _FINISH, seq, i, 0)
-            seq += 1
-        else:
-            size = _push(ev, 0, size, t + dur[i], _FINISH, seq, i, 0)
-            seq += 1
+            finish = t + dur[i] / rate
+        size = _push(ev, 0, size, finish, _FINISH, seq, i, 0)
+        seq += 1
     makespan = 0.0
     for i in range(n):
         if i == 0 or end[i] > makespan:
