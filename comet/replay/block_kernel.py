@@ -16,8 +16,9 @@ numba counts references on every array argument. numba inlines a copy at every c
 compile time grows with them (inlining exposure and both _begin_transfer sites doubled the first
 compile, 36 -> 64 s): each helper has one call site where it can (docs/cold-path.md, i24k).
 
-numba's on-disk cache keys an entry point on its own file: the entry points here compile in the
-helpers of block_pack.py and block_exposure.py, so after editing those, touch this file.
+The entry points here compile in helpers of block_pack.py and block_exposure.py; numba's on-disk cache
+is stamped with all of comet's replay, graph and hardware sources (kernel_cache.py), so editing those
+recompiles these.
 """
 
 from __future__ import annotations

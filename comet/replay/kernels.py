@@ -14,6 +14,9 @@ import numpy as np
 
 try:  # numba is optional: without it the pipeline solver uses vectorised numpy (comet/replay/pipeline.py)
     from numba import njit
+
+    from comet.replay import kernel_cache
+    kernel_cache.install()      # cached kernels stamped with every source they compile in
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised where numba is not installed
     HAVE_NUMBA = False
