@@ -92,7 +92,9 @@ def _doc_or_text_yaml(seed_doc, seed_bytes: bytes, rng: random.Random, reads=lam
         doc, m = mutate_doc(seed_doc, rng, reads)
         if rng.random() < 0.25:          # a second mutation on top
             doc, m2 = mutate_doc(doc, rng, reads)
-            m = Mutation(f"{m.name}+{m2.name}", f"{m.path} {m2.path}", m.must_reject or m2.must_reject)
+            # on the same path the second replaces the first (negate twice gives the valid value back)
+            first_holds = m.must_reject and m.path != m2.path
+            m = Mutation(f"{m.name}+{m2.name}", f"{m.path} {m2.path}", first_holds or m2.must_reject)
         return _yaml_bytes(doc), m
     if roll < 0.8:
         return mutate_text(seed_bytes, rng, "yaml")
